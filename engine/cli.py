@@ -1,0 +1,114 @@
+"""``python -m engine``: run, validate and inspect configs, build models.
+
+Errors a user can fix (a bad config, a missing model or data file) print one line per
+problem and exit non-zero without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+from engine.config import PRESETS, ConfigError, load_config
+
+USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, OSError)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help=f"a YAML/JSON file or a preset name ({', '.join(PRESETS)})")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set trainer.total_steps=20 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="Tributary's RL post-training engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="train a policy")
+    _add_config_args(p)
+    p.add_argument("--events", help="event log: a JSONL path or '-' for stdout (default: <run dir>/events.jsonl)")
+    p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (or a run dir: its latest)")
+    p.add_argument("--run-id", help="the run id written into every event (default: random)")
+    p.add_argument("--progress", choices=["auto", "on", "off"], help="progress bar (default: logging.progress)")
+
+    p = sub.add_parser("validate", help="check a config; list every bad field with its fix")
+    _add_config_args(p)
+
+    p = sub.add_parser("show", help="print the resolved config (preset + file + overrides) as YAML")
+    _add_config_args(p)
+
+    sub.add_parser("schema", help="print the config's JSON Schema")
+    sub.add_parser("presets", help="list the named presets")
+
+    p = sub.add_parser("make-model", help="build a small model and tokenizer locally")
+    p.add_argument("dir")
+    p.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2")
+    p.add_argument("--size", default="small", help="tiny, small or base")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("starter", help="build (or find) the starter policy of a built-in task")
+    p.add_argument("task", choices=["arithmetic", "countdown"])
+    p.add_argument("--difficulty", type=int, default=1)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "schema":
+        from engine.config import json_schema
+
+        print(json.dumps(json_schema(), indent=2))
+        return 0
+    if args.command == "presets":
+        for name, values in PRESETS.items():
+            print(f"{name}: {json.dumps(values.get('algorithm', {}))}")
+        return 0
+    if args.command == "make-model":
+        from engine.models import make_model
+
+        path = make_model(args.dir, arch=args.arch, size=args.size, seed=args.seed)
+        print(path)
+        return 0
+    if args.command == "starter":
+        from engine.models import starter_policy
+
+        print(starter_policy(args.task, args.difficulty, progress=_print_progress))
+        return 0
+
+    cfg = load_config(args.config, args.overrides)
+    if args.command == "validate":
+        print(f"ok: {args.config} is a valid run config ({cfg.algorithm.adv_estimator}/{cfg.algorithm.policy_loss})")
+        return 0
+    if args.command == "show":
+        print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
+    from engine.run import execute
+
+    if args.progress:
+        cfg.logging.progress = args.progress
+    return execute(cfg, events=args.events, resume=args.resume, run_id=args.run_id)
+
+
+def _print_progress(step: int, total: int, loss: float) -> None:
+    if step == total or step % max(1, total // 20) == 0:
+        print(f"  warm-up {step}/{total} loss {loss:.3f}", file=sys.stderr)

@@ -1,0 +1,303 @@
+"""Starter policies: a small model warmed up by supervised fine-tuning on a built-in task.
+
+RL on a random model never sees a reward, so each built-in task gets a *starter policy*:
+the ``small`` (~2M parameter) Qwen2 model of ``make_model``, trained briefly with SFT on the
+task's train split until it *sometimes* succeeds (arithmetic difficulty 1: ~20-30% greedy
+accuracy on the eval split), which leaves RL room to improve.
+
+Prompts are built with ``engine.data.load_prompts`` and the default ``DataConfig`` of the
+task, i.e. exactly as the RL pipeline formats them; the completion is the reference
+answer followed by eos. Training stops at the first validation check (on train-split
+problems held out of the SFT data) that reaches ``target_accuracy``, or at ``max_steps``.
+
+The result is cached in ``data_dir()/starter/<task>-d<difficulty>-<recipe hash>/`` and
+built atomically (in a temporary directory renamed into place, under a file lock), with
+the recipe and the measured eval accuracy in ``starter.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.paths import starter_dir
+
+STARTER_VERSION = 1
+"""Bump when the starter recipe or code changes in a way the recipe hash does not capture."""
+
+ProgressFn = Callable[[int, int, float], None]
+
+
+@dataclass(frozen=True)
+class StarterRecipe:
+    arch: str = "qwen2"
+    size: str = "small"
+    model_seed: int = 0
+    data_seed: int = 0
+    lr: float = 2e-3
+    min_lr: float = 2e-4
+    warmup_steps: int = 30
+    weight_decay: float = 0.0
+    batch_size: int = 128
+    max_steps: int = 1500
+    eval_every: int = 50
+    val_size: int = 256
+    target_accuracy: float = 0.25
+    max_new_tokens: int = 8
+
+
+RECIPES: dict[str, StarterRecipe] = {
+    "arithmetic": StarterRecipe(),
+    "countdown": StarterRecipe(target_accuracy=0.2, max_new_tokens=24),
+}
+
+
+def recipe_for(task: str) -> StarterRecipe:
+    from engine.data.tasks import get_task
+
+    get_task(task)  # validates the name
+    return RECIPES[task]
+
+
+def _recipe_hash(task: str, difficulty: int, recipe: StarterRecipe) -> str:
+    blob = json.dumps(
+        {"version": STARTER_VERSION, "task": task, "difficulty": difficulty, "recipe": asdict(recipe)},
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def starter_path(task: str, difficulty: int) -> Path:
+    """Where the starter policy of ``task`` at ``difficulty`` is (or will be) cached."""
+    recipe = recipe_for(task)
+    return starter_dir() / f"{task}-d{difficulty}-{_recipe_hash(task, difficulty, recipe)}"
+
+
+def read_starter_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``starter.json`` of a built starter policy."""
+    return json.loads((Path(path) / "starter.json").read_text())
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def starter_policy(task: str, difficulty: int = 1, *, progress: ProgressFn | None = None) -> Path:
+    """The directory of the starter policy for a built-in task, building it on first use.
+
+    ``progress(step, total, loss)`` is called during a build (``total`` is the step cap;
+    the build may stop earlier). Safe to call from several processes at once: one builds,
+    the others wait for it and reuse the result.
+    """
+    from engine.data.tasks import _check_difficulty
+
+    _check_difficulty(difficulty)
+    final = starter_path(task, difficulty)
+    if (final / "starter.json").is_file():
+        return final
+    with _file_lock(final.parent / f".{final.name}.lock"):
+        if (final / "starter.json").is_file():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        try:
+            build_starter(tmp, task, difficulty, recipe=recipe_for(task), progress=progress)
+            if final.exists():  # a stale partial directory cannot exist (rename is atomic), but be safe
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def _sft_examples(prompts: Sequence[Any], task: Any, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids + eos) pairs, prompts tokenised exactly as the rollout sees them."""
+    from engine.data.prompts import encode_texts
+
+    completions = [task.reference_completion(p.answer, p.metadata) for p in prompts]
+    comp_ids = encode_texts(tokenizer, completions, add_special_tokens=False)
+    eos = tokenizer.eos_token_id
+    return [(list(p.token_ids), c + [eos]) for p, c in zip(prompts, comp_ids)]
+
+
+def _collate(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    length = max(len(p) + len(c) for p, c in batch)
+    ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), length), -100, dtype=torch.long)
+    mask = torch.zeros((len(batch), length), dtype=torch.long)
+    for i, (p, c) in enumerate(batch):
+        seq = p + c
+        ids[i, : len(seq)] = torch.tensor(seq)
+        labels[i, len(p) : len(seq)] = torch.tensor(c)
+        mask[i, : len(seq)] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+@torch.no_grad()
+def greedy_completions(
+    model: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, batch_size: int = 256
+) -> list[str]:
+    """Greedy completions (decoded, special tokens skipped) with transformers' ``generate``."""
+    was_training = model.training
+    model.eval()
+    pad = tokenizer.pad_token_id
+    out: list[str] = []
+    for start in range(0, len(prompt_ids), batch_size):
+        chunk = prompt_ids[start : start + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, p in enumerate(chunk):  # left padding
+            ids[i, width - len(p) :] = torch.tensor(list(p))
+            mask[i, width - len(p) :] = 1
+        gen = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        out.extend(tokenizer.batch_decode(gen[:, width:], skip_special_tokens=True))
+    model.train(was_training)
+    return out
+
+
+def greedy_accuracy(model: Any, tokenizer: Any, prompts: Sequence[Any], max_new_tokens: int) -> float:
+    """Mean task score of greedy completions of built-in-task prompts (``metadata["task"]``)."""
+    from engine.data.tasks import get_task
+
+    if not prompts:
+        return 0.0
+    texts = greedy_completions(model, tokenizer, [p.token_ids for p in prompts], max_new_tokens)
+    scores = [get_task(p.metadata["task"]).score(t, p.answer, p.metadata) for p, t in zip(prompts, texts)]
+    return sum(scores) / len(scores)
+
+
+def build_starter(
+    out_dir: str | os.PathLike[str],
+    task_name: str,
+    difficulty: int,
+    *,
+    recipe: StarterRecipe | None = None,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Build a starter policy into the (empty or new) ``out_dir``; returns the ``starter.json`` record."""
+    from engine.config import DataConfig
+    from engine.data.prompts import load_prompts
+    from engine.data.tasks import get_task
+    from engine.models.build import make_model_info
+    from engine.models.loading import load_model, load_tokenizer
+
+    recipe = recipe or recipe_for(task_name)
+    task = get_task(task_name)
+    out = Path(out_dir)
+    t0 = time.perf_counter()
+
+    made = make_model_info(out, arch=recipe.arch, size=recipe.size, seed=recipe.model_seed, overwrite=True)
+    tokenizer = load_tokenizer(out)
+    model = load_model(out)
+    cfg = DataConfig(source="builtin", task=task_name, difficulty=difficulty)
+    splits = load_prompts(cfg, tokenizer, seed=recipe.data_seed)
+
+    # Validation: distinct train-split problems, held out of the SFT data (eval stays untouched).
+    val, seen = [], set()
+    for p in reversed(splits.train):
+        if p.raw not in seen:
+            seen.add(p.raw)
+            val.append(p)
+            if len(val) == recipe.val_size:
+                break
+    sft = [p for p in splits.train if p.raw not in seen]
+    examples = _sft_examples(sft, task, tokenizer)
+
+    rng = random.Random(recipe.data_seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < recipe.warmup_steps:
+            return recipe.lr * (step + 1) / recipe.warmup_steps
+        frac = (step - recipe.warmup_steps) / max(1, recipe.max_steps - recipe.warmup_steps)
+        return recipe.min_lr + 0.5 * (recipe.lr - recipe.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
+
+    history: list[dict[str, float]] = []
+    pad = tokenizer.pad_token_id
+    order: list[int] = []
+    step = 0
+    loss_value = float("nan")
+    val_acc = 0.0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.data_seed)
+        model.train()
+        while step < recipe.max_steps:
+            if len(order) < recipe.batch_size:
+                fresh = list(range(len(examples)))
+                rng.shuffle(fresh)
+                order.extend(fresh)
+            idx, order = order[: recipe.batch_size], order[recipe.batch_size :]
+            batch = _collate([examples[i] for i in idx], pad)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
+            loss = model(**batch).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            loss_value = float(loss.detach())
+            if progress is not None:
+                progress(step, recipe.max_steps, loss_value)
+            if step % recipe.eval_every == 0 or step == recipe.max_steps:
+                val_acc = greedy_accuracy(model, tokenizer, val, recipe.max_new_tokens)
+                history.append({"step": step, "loss": round(loss_value, 4), "val_accuracy": round(val_acc, 4)})
+                if val_acc >= recipe.target_accuracy:
+                    break
+    model.eval()
+    train_seconds = time.perf_counter() - t0
+    eval_acc = greedy_accuracy(model, tokenizer, splits.eval, recipe.max_new_tokens)
+
+    model.save_pretrained(out)
+    info = {
+        "task": task_name,
+        "difficulty": difficulty,
+        "version": STARTER_VERSION,
+        "recipe": asdict(recipe),
+        "num_parameters": made.num_parameters,
+        "steps": step,
+        "final_loss": round(loss_value, 4),
+        "val_accuracy": round(val_acc, 4),
+        "eval_accuracy": round(eval_acc, 4),
+        "eval_size": len(splits.eval),
+        "eval_max_new_tokens": recipe.max_new_tokens,
+        "build_seconds": round(time.perf_counter() - t0, 1),
+        "train_seconds": round(train_seconds, 1),
+        "torch_threads": torch.get_num_threads(),
+        "history": history,
+        "data": cfg.model_dump(),
+    }
+    (out / "starter.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info

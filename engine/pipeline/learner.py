@@ -1,0 +1,81 @@
+"""Control and Train: log-probs, KL, advantages and the policy update for a produced batch."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.algorithms import apply_kl_penalty, get_adv_estimator_fn, get_kl_controller
+from engine.config import RunConfig
+from engine.pipeline.batch import RolloutBatch
+from engine.trainer import TrainerBackend
+
+
+def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    sel = values[mask.bool()]
+    if sel.numel() == 0:
+        return {}
+    return {f"{prefix}/mean": float(sel.mean()), f"{prefix}/max": float(sel.max()), f"{prefix}/min": float(sel.min())}
+
+
+class Learner:
+    """Runs verl's ``fit`` step order on a batch: old log-probs, reference log-probs, KL
+    penalty in the reward (optional), advantages, then the policy update."""
+
+    def __init__(self, cfg: RunConfig, trainer: TrainerBackend) -> None:
+        self.cfg = cfg
+        self.trainer = trainer
+        self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
+
+    @property
+    def needs_reference(self) -> bool:
+        a = self.cfg.algorithm
+        return a.use_kl_loss or a.use_kl_in_reward
+
+    def prepare(self, batch: RolloutBatch) -> dict[str, float]:
+        """Fill ``old_log_probs``, ``ref_log_probs``, ``token_level_rewards`` and ``advantages``."""
+        a = self.cfg.algorithm
+        metrics: dict[str, float] = {}
+        mask = batch.response_mask
+        t0 = time.perf_counter()
+        batch.old_log_probs = self.trainer.compute_log_probs(batch)
+        metrics["timing_s/old_logprob"] = time.perf_counter() - t0
+        diff = (batch.old_log_probs - batch.rollout_log_probs).abs()[mask.bool()]
+        if diff.numel():
+            # Train/inference mismatch: the sampler's log-probs against the trainer's recomputation.
+            metrics["rollout/logprob_diff_max"] = float(diff.max())
+            metrics["rollout/logprob_diff_mean"] = float(diff.mean())
+        if self.needs_reference:
+            t0 = time.perf_counter()
+            batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
+            metrics["timing_s/ref"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if self.kl_ctrl is not None:
+            assert batch.ref_log_probs is not None
+            batch.token_level_rewards, kl_metrics = apply_kl_penalty(
+                batch.token_level_scores,
+                batch.old_log_probs,
+                batch.ref_log_probs,
+                mask,
+                kl_ctrl=self.kl_ctrl,
+                kl_penalty=a.kl_penalty,
+            )
+            metrics.update(kl_metrics)
+        else:
+            batch.token_level_rewards = batch.token_level_scores
+        estimator = get_adv_estimator_fn(a.adv_estimator)
+        kwargs = {"token_level_rewards": batch.token_level_rewards, "response_mask": mask, "index": batch.index, "config": a}
+        if a.adv_estimator.startswith("grpo"):
+            kwargs["norm_adv_by_std_in_grpo"] = a.norm_adv_by_std_in_grpo
+        batch.advantages, batch.returns = estimator(**kwargs)
+        metrics["timing_s/adv"] = time.perf_counter() - t0
+        metrics.update(_masked_stats("critic/advantages", batch.advantages, mask))
+        metrics.update(_masked_stats("critic/rewards", batch.token_level_rewards.sum(-1), torch.ones(len(batch))))
+        return metrics
+
+    def train(self, batch: RolloutBatch) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics = self.trainer.update_policy(batch)
+        metrics["timing_s/update"] = time.perf_counter() - t0
+        return metrics

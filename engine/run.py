@@ -1,0 +1,184 @@
+"""Assemble a run from its config and drive it: the engine's one entry point for training.
+
+``execute`` is what ``python -m engine run`` calls: it loads the model, data, rollout
+backend, rewards and trainer, restores a checkpoint when resuming, runs the orchestrator,
+and reports the outcome as status events and an exit code the job supervisor maps to the
+run's final state.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.checkpoint import load_state, resolve_checkpoint, restore_rng
+from engine.config import RunConfig
+from engine.data import PromptSampler, load_prompts
+from engine.events import EventSink, Heartbeat
+from engine.models import load_model, load_tokenizer
+from engine.models.starter import starter_policy
+from engine.pipeline.learner import Learner
+from engine.pipeline.orchestrator import Orchestrator
+from engine.pipeline.producer import RolloutProducer
+from engine.rewards import RewardManager
+from engine.rollout import make_rollout_backend
+from engine.trainer import TorchTrainer
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_BAD_CONFIG = 2
+EXIT_CANCELLED = 3
+"""Exit codes: the worker maps them to the run's final state."""
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device is 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'")
+    return torch.device(name)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def model_path(cfg: RunConfig, progress: Any = None) -> Path:
+    if cfg.model.path == "starter":
+        return starter_policy(cfg.data.task, cfg.data.difficulty, progress=progress)
+    return Path(cfg.model.path)
+
+
+class Progress:
+    """A terminal progress bar with step, reward, accuracy and ETA (tqdm on stderr)."""
+
+    def __init__(self, total: int, initial: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    def __call__(self, step: int, total: int, metrics: dict[str, float]) -> None:
+        post = {"reward": f"{metrics.get('reward/mean', float('nan')):.3f}"}
+        for key, label in (("train/accuracy", "acc"), ("eval/accuracy", "eval")):
+            if key in metrics:
+                post[label] = f"{metrics[key]:.3f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(step - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def execute(
+    cfg: RunConfig,
+    *,
+    events: str | None = None,
+    resume: str | None = None,
+    show_progress: bool | None = None,
+    run_id: str | None = None,
+) -> int:
+    """Run training to the end (or to a cancel signal); returns an ``EXIT_*`` code."""
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = resolve_checkpoint(resume) if resume else None
+    state = load_state(checkpoint) if checkpoint else None
+    sink = EventSink(
+        run_id or (state.extra.get("run_id") if state else None) or uuid.uuid4().hex[:12],
+        events if events is not None else run_dir / "events.jsonl",
+        start_seq=state.last_seq if state else 0,
+    )
+    if show_progress is None:
+        show_progress = cfg.logging.progress == "on" or (cfg.logging.progress == "auto" and sys.stderr.isatty())
+    sink.status("starting", f"resuming from {checkpoint}" if checkpoint else "loading model and data")
+    try:
+        with Heartbeat(sink, cfg.logging.heartbeat_s):
+            outcome_state, step = _train(cfg, sink, run_dir, checkpoint, state, show_progress)
+    except KeyboardInterrupt:
+        sink.status("cancelled", "interrupted before a checkpoint could be written")
+        sink.close()
+        return EXIT_CANCELLED
+    except Exception as exc:  # the run fails, but the event log says why
+        sink.log("error", traceback.format_exc()[-4000:])
+        sink.status("failed", f"{type(exc).__name__}: {exc}")
+        sink.close()
+        raise
+    if outcome_state == "cancelled":
+        sink.status("cancelled", f"stopped at step {step}; resume with --resume {run_dir}")
+        code = EXIT_CANCELLED
+    else:
+        sink.status("succeeded", f"finished {step} steps")
+        code = EXIT_SUCCEEDED
+    sink.close()
+    return code
+
+
+def _train(
+    cfg: RunConfig, sink: EventSink, run_dir: Path, checkpoint: Path | None, state: Any, show_progress: bool
+) -> tuple[str, int]:
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
+    device = pick_device(cfg.trainer.device)
+    path = model_path(cfg)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    model = load_model(path, dtype=dtype, device=device)
+    tokenizer = load_tokenizer(path)
+    splits = load_prompts(cfg.data, tokenizer, seed=cfg.trainer.seed)
+    if splits.skipped_too_long:
+        sink.log("warning", f"{splits.skipped_too_long} prompts longer than data.max_prompt_length were skipped")
+    sampler = PromptSampler(splits.train, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    backend = make_rollout_backend(cfg.rollout.backend, model, tokenizer, max_batch_size=cfg.rollout.batch_size)
+    learner_needs_ref = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    trainer = TorchTrainer(model, cfg, device=device, need_reference=learner_needs_ref)
+    learner = Learner(cfg, trainer)
+    start_step = 0
+    if checkpoint is not None:
+        trainer.load(checkpoint)
+        trainer.load_state(state.trainer)
+        sampler.load_state_dict(state.sampler)
+        restore_rng(state.rng)
+        if learner.kl_ctrl is not None and "kl_coef" in state.extra:
+            learner.kl_ctrl.value = state.extra["kl_coef"]
+        backend.update_weights(trainer.rollout_weights(), trainer.policy_version)
+        start_step = state.step
+        sink.log("info", f"resumed from {checkpoint} at step {start_step}")
+    def checkpoint_extra() -> dict[str, Any]:
+        extra: dict[str, Any] = {"run_id": sink.run_id}
+        if learner.kl_ctrl is not None:
+            extra["kl_coef"] = float(learner.kl_ctrl.value)
+        return extra
+
+    progress = Progress(cfg.trainer.total_steps, start_step) if show_progress else None
+    with RewardManager(cfg.reward.functions, timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers) as rewards:
+        producer = RolloutProducer(
+            cfg, sampler=sampler, backend=backend, rewards=rewards, pad_id=tokenizer.pad_token_id
+        )
+        orchestrator = Orchestrator(
+            cfg,
+            producer=producer,
+            learner=learner,
+            trainer=trainer,
+            backend=backend,
+            sink=sink,
+            eval_prompts=splits.eval,
+            run_dir=run_dir,
+            checkpoint_extra=checkpoint_extra,
+            progress=progress,
+        )
+        sink.status("running", f"step {start_step} of {cfg.trainer.total_steps} on {device}")
+        try:
+            outcome = orchestrator.run(start_step)
+        finally:
+            if progress is not None:
+                progress.close()
+            backend.close()
+    return outcome.state, outcome.step

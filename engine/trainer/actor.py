@@ -1,0 +1,143 @@
+"""The actor's math, shared by every trainer backend: log-probs from a causal LM and the loss.
+
+Backends (plain torch, DeepSpeed) differ in how they hold parameters and step the
+optimiser; what a micro-batch computes is the same and lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.algorithms import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
+from engine.config import AlgorithmConfig
+from engine.pipeline.batch import RolloutBatch
+from kernels import logprobs_from_hidden
+
+
+@dataclass(frozen=True)
+class LogprobSettings:
+    temperature: float
+    impl: str = "fused"
+    chunk_size: int = 1024
+
+
+def split_model(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(decoder trunk returning hidden states, LM head) of a transformers causal LM."""
+    head = model.get_output_embeddings()
+    trunk = getattr(model, model.base_model_prefix, None)
+    if head is None or trunk is None:
+        raise ValueError(f"{type(model).__name__} has no separate decoder and LM head; cannot use it as a policy")
+    return trunk, head
+
+
+def response_logprobs(
+    model: nn.Module, batch: RolloutBatch, settings: LogprobSettings, *, compute_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log p(response token) and entropy, both ``[B, R]`` (zero where masked).
+
+    Only the hidden states of positions that predict a real response token reach the LM
+    head, and the fused kernel never materialises their full ``[tokens x vocab]`` logits.
+    Logits are divided by the sampling temperature, as the rollout sampled from them.
+    """
+    trunk, head = split_model(model)
+    input_ids = batch.input_ids
+    attn = batch.attention_mask
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    hidden = trunk(input_ids=input_ids, attention_mask=attn, position_ids=position_ids).last_hidden_state
+    p = batch.prompt_ids.shape[1]
+    r = batch.response_ids.shape[1]
+    pred_hidden = hidden[:, p - 1 : p - 1 + r]  # position t predicts token t + 1
+    mask = batch.response_mask.bool()
+    sel_hidden = pred_hidden[mask]  # [N, H]
+    labels = batch.response_ids[mask]
+    lp, ent = logprobs_from_hidden(
+        sel_hidden.unsqueeze(0),
+        head.weight,
+        labels.unsqueeze(0),
+        temperature=settings.temperature,
+        chunk_size=settings.chunk_size,
+        compute_entropy=compute_entropy,
+        impl=settings.impl,
+        bias=getattr(head, "bias", None),
+    )
+    logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device)
+    logprobs = logprobs.masked_scatter(mask, lp.squeeze(0))
+    entropy = None
+    if ent is not None:
+        entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ent.device).masked_scatter(mask, ent.squeeze(0))
+    return logprobs, entropy
+
+
+ADDITIVE_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss"})
+"""Metrics that are micro-batch shares of a mini-batch aggregate: they sum across micro-batches
+(the others are per-micro-batch means, averaged by token share)."""
+
+
+def global_batch_info(mini_mask: torch.Tensor, loss_scale_factor: float) -> dict[str, float]:
+    """``agg_loss`` denominators of a whole mini-batch (verl's ``global_batch_info``).
+
+    Aggregating each micro-batch against the mini-batch's token and sequence counts makes
+    the micro-batch losses add up to exactly the mini-batch's loss, whatever the response
+    lengths, so gradient accumulation does not change the objective.
+    """
+    return {
+        "batch_num_tokens": float(mini_mask.sum()),
+        "global_batch_size": float((mini_mask.sum(-1) > 0).sum()),
+        "loss_scale_factor": loss_scale_factor,
+    }
+
+
+def actor_loss(
+    model: nn.Module,
+    batch: RolloutBatch,
+    algo: AlgorithmConfig,
+    settings: LogprobSettings,
+    policy_loss_config: PolicyLossConfig,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy-gradient loss of one micro-batch with entropy bonus and KL loss terms.
+
+    loss = pg_loss - entropy_coeff * H + kl_loss_coef * KL(pi || ref), each aggregated
+    with ``algo.loss_agg_mode`` against ``policy_loss_config.global_batch_info`` (verl's
+    actor ``update_policy``).
+    """
+    assert batch.old_log_probs is not None and batch.advantages is not None
+    need_entropy = algo.entropy_coeff > 0
+    log_prob, entropy = response_logprobs(model, batch, settings, compute_entropy=True)
+    mask = batch.response_mask
+    policy_loss_fn = get_policy_loss_fn(algo.policy_loss)
+    pg_loss, pg_metrics = policy_loss_fn(
+        old_log_prob=batch.old_log_probs,
+        log_prob=log_prob,
+        advantages=batch.advantages,
+        response_mask=mask,
+        loss_agg_mode=algo.loss_agg_mode,
+        config=policy_loss_config,
+    )
+    loss = pg_loss
+    metrics = {"actor/pg_loss": float(pg_loss.detach())}
+    metrics.update({k if k.startswith("actor/") else f"actor/{k}": _as_float(v) for k, v in pg_metrics.items()})
+    assert entropy is not None
+    agg = dict(policy_loss_config.global_batch_info)
+    ent = agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=algo.loss_agg_mode, **agg)
+    metrics["actor/entropy"] = float(ent.detach())
+    if need_entropy:
+        loss = loss - algo.entropy_coeff * ent
+    if algo.use_kl_loss:
+        assert batch.ref_log_probs is not None
+        kld = kl_penalty(logprob=log_prob, ref_logprob=batch.ref_log_probs, kl_penalty=algo.kl_loss_type)
+        kl_loss = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=algo.loss_agg_mode, **agg)
+        loss = loss + algo.kl_loss_coef * kl_loss
+        metrics["actor/kl_loss"] = float(kl_loss.detach())
+        metrics["actor/kl_coef"] = algo.kl_loss_coef
+    return loss, metrics
+
+
+def _as_float(v: object) -> float:
+    if isinstance(v, torch.Tensor):
+        return float(v.detach().float().mean())
+    if isinstance(v, list | tuple):
+        return float(sum(v) / max(1, len(v)))
+    return float(v)  # type: ignore[arg-type]

@@ -1,0 +1,326 @@
+"""Per-token log-probabilities and entropy of an LM head, without materialising the full logits.
+
+In RL post-training the trainer needs, for every response token ``n`` with label ``y_n``::
+
+    z_n      = (h_n @ W.T + b) / T                    # logits of token n, shape [V]
+    lse_n    = logsumexp(z_n)
+    logp_n   = z_n[y_n] - lse_n                       # log p(y_n)
+    H_n      = -sum_j p_nj log p_nj,  p_n = softmax(z_n)
+
+The naive computation builds the logits for all ``N`` tokens at once, an ``[N, V]`` float32 tensor,
+and autograd keeps several more of them alive (log-softmax output, softmax, gradients). At
+``V = 151_936`` (Qwen) and ``N = 4096`` each one is 2.5 GB, so they dominate peak memory.
+
+:func:`fused_logprobs_entropy` walks over the tokens in chunks of ``chunk_size`` rows. Only a
+``[chunk_size, V]`` block of logits exists at any time, so the extra memory is ``O(chunk_size * V)``
+instead of ``O(N * V)``. The forward pass keeps only ``hidden``, ``weight``, ``labels`` and two
+float32 numbers per token (``lse`` and ``H``); the backward pass recomputes each block of logits and
+accumulates the gradients. That costs one extra ``[N, H] x [H, V]`` matmul (four instead of three),
+which is paid back by never touching ``N * V``-sized tensors in memory.
+
+Gradients, per token (rows of the chunk), with ``g_logp`` and ``g_H`` the upstream gradients::
+
+    d logp_n / d z_nj = 1[j = y_n] - p_nj
+    d H_n    / d z_nj = -p_nj (log p_nj + H_n)
+    g_z  = g_logp * (onehot(y) - p) - g_H * p * (log p + H)
+    g_z' = g_z / T                                    # chain rule through the temperature
+    grad_hidden = g_z' @ W,   grad_weight = g_z'.T @ hidden,   grad_bias = g_z'.sum(0)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "IMPLEMENTATIONS",
+    "fused_logprobs_entropy",
+    "logprobs_from_hidden",
+    "naive_logprobs_entropy",
+]
+
+# Tuned with bench/logprob_kernel.py (CPU, hidden 896, vocab 32k/151k, 4096 tokens): large enough
+# that the matmuls stay efficient, small enough that a [chunk, V] block is a small fraction of the
+# naive [N, V] working set.
+DEFAULT_CHUNK_SIZE = 1024
+
+IMPLEMENTATIONS = ("fused", "naive")
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype of the logits and statistics: float32, or float64 when the inputs are float64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _new_workspace(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Two ``[rows, V]`` buffers reused by every chunk of one forward or backward call.
+
+    Reusing them (instead of fresh tensors per chunk) keeps the peak at two blocks even when the
+    allocator would free late, and avoids re-faulting fresh pages for every chunk on CPU.
+    """
+    return torch.empty((2, rows, vocab), dtype=dtype, device=device)
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float, out: Tensor) -> Tensor:
+    """Write ``(hidden @ weight.T + bias) / temperature`` into ``out`` (float32/float64) and return it.
+
+    The matmul runs in the input dtype (for bf16 the fast path); the result is cast to float32
+    before the softmax, which is where low precision would hurt.
+    """
+    if hidden.dtype == out.dtype:
+        torch.mm(hidden, weight.T, out=out)
+    else:
+        out.copy_(hidden @ weight.T)
+    if bias is not None:
+        out += bias
+    if temperature != 1.0:
+        out /= temperature
+    return out
+
+
+def _check_inputs(
+    hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None, temperature: float, chunk_size: int
+) -> None:
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"expected hidden [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if labels.shape != hidden.shape[:1]:
+        raise ValueError(f"expected labels [{hidden.shape[0]}], got {tuple(labels.shape)}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"expected bias [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+
+
+def _chunked_forward(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    bias: Tensor | None,
+    temperature: float,
+    chunk_size: int,
+    compute_entropy: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Return ``(logprobs, lse, entropy or None)``, each ``[N]``, one ``[chunk, V]`` block at a time.
+
+    Per block, with ``m = max_j z_j`` and ``s = sum_j exp(z_j - m)``::
+
+        lse = m + log s,   logp_y = z_y - lse,   H = -sum_j exp(z_j - m) (z_j - lse) / s
+    """
+    n = hidden.shape[0]
+    dtype = _compute_dtype(hidden.dtype)
+    logprobs = torch.empty(n, dtype=dtype, device=hidden.device)
+    lse = torch.empty(n, dtype=dtype, device=hidden.device)
+    entropy = torch.empty(n, dtype=dtype, device=hidden.device) if compute_entropy else None
+    workspace = _new_workspace(min(chunk_size, n), weight.shape[0], dtype, hidden.device)
+    for start in range(0, n, chunk_size):
+        end = min(start + chunk_size, n)
+        logits, exp_buf = workspace[:, : end - start]
+        _chunk_logits(hidden[start:end], weight, bias, temperature, out=logits)
+        label_logits = logits.gather(1, labels[start:end, None])
+        row_max = logits.amax(dim=-1, keepdim=True)
+        shifted = logits.sub_(row_max)
+        exp_shifted = torch.exp(shifted, out=exp_buf)
+        log_sum = exp_shifted.sum(dim=-1, keepdim=True).log_()
+        chunk_lse = row_max + log_sum
+        lse[start:end] = chunk_lse.squeeze(1)
+        logprobs[start:end] = (label_logits - chunk_lse).squeeze(1)
+        if entropy is not None:
+            log_p = shifted.sub_(log_sum)
+            # sum_j exp_shifted_j * log_p_j, divided by s = exp(log_sum): the product reuses exp_buf.
+            entropy[start:end] = -(exp_shifted.mul_(log_p).sum(dim=-1) / log_sum.squeeze(1).exp())
+    return logprobs, lse, entropy
+
+
+class _FusedLogprobsEntropy(torch.autograd.Function):
+    """Chunked logprobs/entropy; saves no logits and recomputes them chunk by chunk in backward."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        hidden: Tensor,
+        weight: Tensor,
+        labels: Tensor,
+        bias: Tensor | None,
+        temperature: float,
+        chunk_size: int,
+        compute_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        logprobs, lse, entropy = _chunked_forward(
+            hidden, weight, labels, bias, temperature, chunk_size, compute_entropy
+        )
+        if entropy is None:
+            # autograd.Function outputs must be tensors; the public wrapper turns this into None.
+            entropy = logprobs.new_empty(0)
+            ctx.mark_non_differentiable(entropy)
+        ctx.save_for_backward(hidden, weight, labels, bias, lse, entropy)
+        ctx.temperature = temperature
+        ctx.chunk_size = chunk_size
+        ctx.compute_entropy = compute_entropy
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None and costs nothing
+        return logprobs, entropy
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: FunctionCtx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        hidden, weight, labels, bias, lse, entropy = ctx.saved_tensors
+        if not ctx.compute_entropy:
+            grad_entropy = None
+        if grad_logprobs is None and grad_entropy is None:
+            return None, None, None, None, None, None, None
+        need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
+        n, chunk_size, temperature = hidden.shape[0], ctx.chunk_size, ctx.temperature
+        dtype = lse.dtype  # float32, or float64 for float64 inputs
+
+        grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_hidden else None
+        # Accumulate over chunks in float32 even for bf16 weights; cast once at the end.
+        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=dtype, device=weight.device) if need_bias else None
+        workspace = _new_workspace(min(chunk_size, n), weight.shape[0], dtype, hidden.device)
+
+        for start in range(0, n, chunk_size):
+            end = min(start + chunk_size, n)
+            logits_buf, p_buf = workspace[:, : end - start]
+            hidden_chunk = hidden[start:end]
+            log_p = _chunk_logits(hidden_chunk, weight, bias, temperature, out=logits_buf)
+            log_p -= lse[start:end, None]
+            p = torch.exp(log_p, out=p_buf)
+
+            # grad_z = g_logp * (onehot(y) - p) - g_H * p * (log p + H), built in place.
+            g_logp = grad_logprobs[start:end, None].to(dtype) if grad_logprobs is not None else None
+            if grad_entropy is not None:
+                grad_z = log_p.add_(entropy[start:end, None]).mul_(-grad_entropy[start:end, None].to(dtype))
+                if g_logp is not None:
+                    grad_z -= g_logp
+                grad_z *= p
+            else:
+                grad_z = p.mul_(-g_logp)
+            if g_logp is not None:
+                grad_z.scatter_add_(1, labels[start:end, None], g_logp)
+            if temperature != 1.0:
+                grad_z /= temperature  # z = raw / T  =>  d/d raw = (d/dz) / T
+
+            grad_z_lowp = grad_z.to(weight.dtype)  # no copy unless the inputs are bf16/fp16
+            if grad_hidden is not None:
+                torch.mm(grad_z_lowp, weight, out=grad_hidden[start:end])
+            if grad_weight is not None:
+                if weight.dtype == dtype:
+                    grad_weight.addmm_(grad_z.T, hidden_chunk)
+                else:
+                    grad_weight += grad_z_lowp.T @ hidden_chunk
+            if grad_bias is not None:
+                grad_bias += grad_z.sum(dim=0)
+
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, None, grad_bias, None, None, None
+
+
+def fused_logprobs_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    compute_entropy: bool = True,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probabilities of ``labels`` and entropies under ``softmax((hidden @ weight.T + bias) / temperature)``.
+
+    Args:
+        hidden: ``[N, H]`` last hidden states (may be a non-contiguous view), float32/bf16/fp16/float64.
+        weight: ``[V, H]`` LM-head weight, same dtype as ``hidden``.
+        labels: ``[N]`` int64 token ids. Every position is scored; mask ignored ones in the caller.
+        temperature: sampling temperature the logits are divided by.
+        chunk_size: tokens per block; peak extra memory is about ``2 * chunk_size * V * 4`` bytes.
+        compute_entropy: if False, skip the entropy (saves one pass over each block) and return None.
+        bias: optional ``[V]`` LM-head bias.
+
+    Returns:
+        ``(logprobs [N], entropy [N] or None)`` in float32 (float64 if the inputs are float64).
+
+    Peak memory is ``O(chunk_size * V)`` instead of the naive ``O(N * V)``: the logits are built one
+    ``[chunk_size, V]`` block at a time, in forward and again in backward. If nothing requires a
+    gradient (or grad mode is off) only the chunked forward runs, with no autograd bookkeeping.
+    """
+    _check_inputs(hidden, weight, labels, bias, temperature, chunk_size)
+    differentiable = [hidden, weight] + ([bias] if bias is not None else [])
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in differentiable)):
+        logprobs, _, entropy = _chunked_forward(
+            hidden, weight, labels, bias, temperature, chunk_size, compute_entropy
+        )
+        return logprobs, entropy
+    logprobs, entropy = _FusedLogprobsEntropy.apply(
+        hidden, weight, labels, bias, temperature, chunk_size, compute_entropy
+    )
+    return logprobs, (entropy if compute_entropy else None)
+
+
+def naive_logprobs_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    temperature: float = 1.0,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Reference implementation: full ``[N, V]`` logits, ``log_softmax``, gather, entropy.
+
+    Same contract as :func:`fused_logprobs_entropy` (logits cast to float32 before the softmax),
+    but every ``[N, V]`` intermediate is materialised and kept by autograd.
+    """
+    logits = torch.nn.functional.linear(hidden, weight, bias).to(_compute_dtype(hidden.dtype)) / temperature
+    log_p = torch.log_softmax(logits, dim=-1)
+    logprobs = log_p.gather(1, labels[:, None]).squeeze(1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    return logprobs, entropy
+
+
+def logprobs_from_hidden(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    compute_entropy: bool = True,
+    impl: str = "fused",
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Batched entry point for the trainer: ``hidden [B, T, H]``, ``labels [B, T]`` -> ``[B, T]`` outputs.
+
+    Flattens the leading dimensions, runs ``impl`` (``"fused"`` or ``"naive"``) and reshapes back.
+    Any leading shape works as long as ``labels.shape == hidden.shape[:-1]``.
+    """
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown impl {impl!r}; known: {', '.join(IMPLEMENTATIONS)}")
+    if labels.shape != hidden.shape[:-1]:
+        raise ValueError(f"labels {tuple(labels.shape)} must match hidden {tuple(hidden.shape)} without its last dim")
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_labels = labels.reshape(-1)
+    if impl == "fused":
+        logprobs, entropy = fused_logprobs_entropy(
+            flat_hidden,
+            weight,
+            flat_labels,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            compute_entropy=compute_entropy,
+            bias=bias,
+        )
+    else:
+        _check_inputs(flat_hidden, weight, flat_labels, bias, temperature, chunk_size)
+        logprobs, entropy = naive_logprobs_entropy(flat_hidden, weight, flat_labels, temperature, bias)
+        if not compute_entropy:
+            entropy = None
+    out_shape = labels.shape
+    return logprobs.view(out_shape), (entropy.view(out_shape) if entropy is not None else None)

@@ -1,0 +1,449 @@
+"""The torch rollout backend: the backend contract plus exactness against transformers on a tiny model."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from engine.models import load_model, load_tokenizer, make_model
+from engine.rollout import SamplingParams, make_rollout_backend
+from engine.rollout import torch_backend as tb
+from engine.rollout.torch_backend import TorchRolloutBackend
+from tests.engine.rollout_contract import (
+    RolloutBackendContract,
+    check_finish_reasons,
+    check_shapes,
+    encode,
+)
+
+LOGPROB_ATOL = 1e-5
+
+MIXED_TEXTS = (
+    "hi",
+    "Add 3 and 4, then multiply the result by seven.",
+    "What is two plus five?",
+    "One",
+    "Count down from nine to zero, then say the answer twice and stop.",
+    "The sum of 12 and 30 is",
+)
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture
+def model(tiny_model_dir):
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture
+def backend(model, tokenizer):
+    backend = TorchRolloutBackend(model, tokenizer)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def policy_weights(tiny_model_dir):
+    return {k: v.clone() for k, v in load_model(tiny_model_dir).state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def eos_weights(policy_weights, tokenizer):
+    # Zero final-norm weight: every logit is exactly 0 and argmax picks id 0, EOS for make_model tokenizers.
+    assert tokenizer.eos_token_id == 0
+    weights = dict(policy_weights)
+    weights["model.norm.weight"] = torch.zeros_like(weights["model.norm.weight"])
+    return weights
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("models") / "tiny-qwen2-seed1", arch="qwen2", size="tiny", seed=1)
+
+
+class TestTorchBackendContract(RolloutBackendContract):
+    """The backend-agnostic contract (tests/engine/rollout_contract.py) on the torch backend."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def hf_greedy(model, tokenizer, prompts, max_new_tokens, eos_token_id=None):
+    """transformers ``generate(do_sample=False)`` on a left-padded batch: (tokens, logprobs) per prompt."""
+    pad = tokenizer.pad_token_id
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    eos = eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id
+    eos_set = set(eos) if isinstance(eos, list) else {eos}
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    results = []
+    for row in range(len(prompts)):
+        tokens = out.sequences[row, width:].tolist()
+        for i, t in enumerate(tokens):
+            if t in eos_set:
+                tokens = tokens[: i + 1]
+                break
+        logprobs = [
+            torch.log_softmax(out.logits[step][row].float(), -1)[t].item() for step, t in enumerate(tokens)
+        ]
+        results.append((tokens, logprobs))
+    return results
+
+
+def full_forward_logprobs(model, prompt, completion, temperature):
+    """What the trainer recomputes: log_softmax(logits / T) of the completion tokens, one unpadded sequence."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def frequent_token(backend, prompts) -> int:
+    """A token that greedy decoding emits in some but not all completions (used as an extra EOS)."""
+    groups = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=20))
+    first_seen = {}
+    for g in groups:
+        ids = g.completions[0].token_ids
+        for pos, t in enumerate(ids[1:-1], start=1):
+            first_seen.setdefault(t, {}).setdefault(tuple(ids), pos)
+    candidates = [
+        (len(seen), t) for t, seen in first_seen.items() if 1 < len(seen) < len(groups) and len(set(seen.values())) > 1
+    ]
+    assert candidates, "no token appears at different positions in several greedy completions"
+    return max(candidates)[1]
+
+
+def with_extra_eos(model, tokenizer, token: int, **kwargs) -> TorchRolloutBackend:
+    """A backend that also stops on ``token`` (via the generation config), so rows finish at different steps."""
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, token]
+    return TorchRolloutBackend(model, tokenizer, **kwargs)
+
+
+def token_ids(groups):
+    return [[c.token_ids for c in g.completions] for g in groups]
+
+
+# ----------------------------------------------------------------------------- exactness
+
+
+def test_greedy_matches_transformers_generate(model, tokenizer, backend):
+    prompts = encode(tokenizer, MIXED_TEXTS)
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=20)
+    groups = backend.generate(prompts, params)
+    check_shapes(groups, prompts, params)
+    for group, (ref_tokens, ref_logprobs) in zip(groups, hf_greedy(model, tokenizer, prompts, 20)):
+        for c in group.completions:
+            assert c.token_ids == ref_tokens
+            assert c.logprobs == pytest.approx(ref_logprobs, abs=LOGPROB_ATOL)
+
+
+def test_rows_finishing_at_different_steps_match_transformers(model, tokenizer, backend):
+    prompts = encode(tokenizer, MIXED_TEXTS)
+    stop_token = frequent_token(backend, prompts)
+    early = with_extra_eos(model, tokenizer, stop_token)
+    groups = early.generate(prompts, SamplingParams(n=3, temperature=0.0, max_new_tokens=20))
+    reference = hf_greedy(model, tokenizer, prompts, 20, eos_token_id=[tokenizer.eos_token_id, stop_token])
+    lengths = set()
+    for group, (ref_tokens, ref_logprobs) in zip(groups, reference):
+        for c in group.completions:
+            assert c.token_ids == ref_tokens
+            assert c.logprobs == pytest.approx(ref_logprobs, abs=LOGPROB_ATOL)
+            assert c.finish_reason == ("stop" if ref_tokens[-1] == stop_token else "length")
+            lengths.add(len(c.token_ids))
+    assert len(lengths) > 2  # rows really left the batch at different steps
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 20, 1.0), (0.8, 0, 0.9), (0.5, 50, 0.8)],
+)
+def test_sampled_logprobs_match_a_full_forward(model, tokenizer, backend, temperature, top_k, top_p):
+    prompts = encode(tokenizer, MIXED_TEXTS)
+    sampler = with_extra_eos(model, tokenizer, frequent_token(backend, prompts))
+    params = SamplingParams(n=4, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=16, seed=11)
+    groups = sampler.generate(prompts, params)
+    check_shapes(groups, prompts, params)
+    for prompt, group in zip(prompts, groups):
+        for c in group.completions:
+            expected = full_forward_logprobs(model, prompt, c.token_ids, temperature)
+            assert torch.tensor(c.logprobs) == pytest.approx(expected, abs=LOGPROB_ATOL)
+
+
+def test_left_padding_does_not_change_outputs(tokenizer, backend):
+    short, *longer = encode(tokenizer, ("One", *MIXED_TEXTS[1:]))
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
+    alone = backend.generate([short], params)[0].completions[0]
+    batched = backend.generate([*longer, short], params)[-1].completions[0]
+    assert batched.token_ids == alone.token_ids
+    assert batched.logprobs == pytest.approx(alone.logprobs, abs=LOGPROB_ATOL)
+
+
+def test_growing_the_kv_buffers_keeps_outputs(model, tokenizer, backend, monkeypatch):
+    prompts = encode(tokenizer, MIXED_TEXTS)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=24)
+    monkeypatch.setattr(tb, "_INITIAL_GEN_CAPACITY", 3)
+    groups = backend.generate(prompts, params)
+    for group, (ref_tokens, _) in zip(groups, hf_greedy(model, tokenizer, prompts, 24)):
+        assert group.completions[0].token_ids == ref_tokens
+
+
+def test_generic_path_matches_fast_path(model, tokenizer, backend):
+    prompts = encode(tokenizer, MIXED_TEXTS)
+    stop_token = frequent_token(backend, prompts)
+    fast = with_extra_eos(model, tokenizer, stop_token)
+    generic = with_extra_eos(model, tokenizer, stop_token)
+    generic._fast = False  # as for models without transformers' attention interface
+    for params in (
+        SamplingParams(n=3, temperature=0.0, max_new_tokens=16),
+        SamplingParams(n=3, temperature=0.9, top_p=0.95, max_new_tokens=16, seed=2),
+    ):
+        a, b = fast.generate(prompts, params), generic.generate(prompts, params)
+        assert token_ids(a) == token_ids(b)
+        for ga, gb in zip(a, b):
+            for ca, cb in zip(ga.completions, gb.completions):
+                assert ca.logprobs == pytest.approx(cb.logprobs, abs=LOGPROB_ATOL)
+                assert ca.finish_reason == cb.finish_reason
+
+
+def test_llama_architecture_matches_transformers(tmp_path, tokenizer):
+    path = make_model(tmp_path / "tiny-llama", arch="llama", size="tiny", seed=3)
+    llama, llama_tokenizer = load_model(path), load_tokenizer(path)
+    backend = TorchRolloutBackend(llama, llama_tokenizer)
+    prompts = encode(llama_tokenizer, MIXED_TEXTS)
+    groups = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=12))
+    for group, (ref_tokens, ref_logprobs) in zip(groups, hf_greedy(llama, llama_tokenizer, prompts, 12)):
+        assert group.completions[0].token_ids == ref_tokens
+        assert group.completions[0].logprobs == pytest.approx(ref_logprobs, abs=LOGPROB_ATOL)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 3, 7])
+def test_seeded_samples_do_not_depend_on_batching(model, tokenizer, backend, max_batch_size):
+    prompts = encode(tokenizer, MIXED_TEXTS)
+    stop_token = frequent_token(backend, prompts)
+    params = SamplingParams(n=3, temperature=1.0, top_k=40, max_new_tokens=12, seed=7)
+    whole = with_extra_eos(model, tokenizer, stop_token).generate(prompts, params)
+    chunked_backend = with_extra_eos(model, tokenizer, stop_token, max_batch_size=max_batch_size)
+    chunked = chunked_backend.generate(prompts, params)
+    assert chunked_backend.last_stats["chunks"] == -(-len(prompts) * 3 // max_batch_size)
+    assert token_ids(chunked) == token_ids(whole)
+    for ga, gb in zip(whole, chunked):
+        for ca, cb in zip(ga.completions, gb.completions):
+            assert ca.logprobs == pytest.approx(cb.logprobs, abs=LOGPROB_ATOL)
+            assert (ca.text, ca.finish_reason) == (cb.text, cb.finish_reason)
+
+
+def test_sampling_leaves_global_rng_and_training_mode_alone(model, tokenizer, backend):
+    model.train()
+    state = torch.get_rng_state()
+    backend.generate(encode(tokenizer), SamplingParams(n=2, temperature=1.0, max_new_tokens=5))
+    backend.generate(encode(tokenizer), SamplingParams(n=2, temperature=1.0, max_new_tokens=5, seed=1))
+    assert torch.equal(state, torch.get_rng_state())
+    assert model.training
+    assert model.config._attn_implementation == "sdpa"
+    model.eval()
+    backend.generate(encode(tokenizer), SamplingParams(n=1, temperature=0.0, max_new_tokens=2))
+    assert not model.training
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (4, 1.0), (0, 0.6)])
+def test_samples_follow_the_filtered_distribution(model, tokenizer, backend, top_k, top_p):
+    prompt = encode(tokenizer, ["What is two plus five?"])[0]
+    temperature = 0.05  # the tiny random model is nearly uniform; sharpen it so that the test can see shape
+    draws = 3000
+    groups = backend.generate(
+        [prompt], SamplingParams(n=draws, temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=1, seed=0)
+    )
+    counts = Counter(c.token_ids[0] for c in groups[0].completions)
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=torch.tensor([prompt])).logits[0, -1].float() / temperature, -1)
+    order = torch.argsort(probs, descending=True)
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    if top_k:
+        keep[order[:top_k]] = True
+    elif top_p < 1:
+        before = probs[order].cumsum(0) - probs[order]
+        keep[order[before < top_p]] = True
+    else:
+        keep[:] = True
+    assert set(counts) <= set(keep.nonzero().flatten().tolist()), "sampled a token outside the filter"
+    target = torch.where(keep, probs, 0.0)
+    target = target / target.sum()
+    # every token with an expected count of at least 50: observed within 5 standard deviations
+    checked = 0
+    for token in order[:50].tolist():
+        expected = draws * target[token].item()
+        if expected >= 50:
+            sd = (expected * (1 - target[token].item())) ** 0.5
+            assert abs(counts[token] - expected) < 5 * sd, (token, counts[token], expected)
+            checked += 1
+    assert checked >= 2
+
+
+def test_stop_string_on_the_last_token_is_a_stop(tokenizer, backend):
+    prompt = encode(tokenizer, ["Add 3 and 4."])[0]
+    free = backend.generate([prompt], SamplingParams(n=1, temperature=0.0, max_new_tokens=6))[0].completions[0]
+    text = tokenizer.decode(free.token_ids, skip_special_tokens=True)
+    stop = text[-1]
+    if text.count(stop) > 1 or text[-1].isspace():
+        pytest.skip("greedy text unsuitable for this check")
+    got = backend.generate([prompt], SamplingParams(n=1, temperature=0.0, max_new_tokens=6, stop=(stop,)))
+    c = got[0].completions[0]
+    assert (c.token_ids, c.finish_reason, c.text) == (free.token_ids, "stop", text)
+
+
+def test_earliest_of_several_stop_strings_wins(tokenizer, backend):
+    prompts = encode(tokenizer)
+    free = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=16))
+    for prompt, group in zip(prompts, free):
+        text = group.completions[0].text
+        chars = [ch for ch in dict.fromkeys(text) if not ch.isspace() and ch != "\ufffd"]
+        if len(chars) < 2:
+            continue
+        first, second = chars[0], chars[1]  # first appears before second
+        params = SamplingParams(n=2, temperature=0.0, max_new_tokens=16, stop=(second, first, "never-there"))
+        c = backend.generate([prompt], params)[0].completions[0]
+        assert c.finish_reason == "stop"
+        assert c.text == text[: text.index(first) + 1]
+        check_finish_reasons(backend.generate([prompt], params), tokenizer, params)
+        return
+    pytest.fail("no usable greedy text")
+
+
+def test_stop_string_ending_in_a_space(tokenizer, backend):
+    prompts = encode(tokenizer)
+    free = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=16))
+    for prompt, group in zip(prompts, free):
+        text = group.completions[0].text
+        i = text.find(" ", 1)
+        if i <= 0 or "\ufffd" in text[: i + 1]:
+            continue
+        stop = text[i - 1 : i + 1]
+        c = backend.generate([prompt], SamplingParams(n=1, temperature=0.0, max_new_tokens=16, stop=(stop,)))
+        c = c[0].completions[0]
+        assert c.finish_reason == "stop"
+        assert c.text == text[: text.find(stop) + len(stop)]
+        return
+    pytest.fail("no greedy text with a space")
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def test_shared_model_update_only_bumps_the_version(model, tokenizer, backend):
+    prompts = encode(tokenizer)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+    before = backend.generate(prompts, params)
+    pointers = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    with torch.no_grad():  # what an optimizer step does to the shared model
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
+    backend.update_weights(model.state_dict(), 1)
+    assert backend.policy_version == 1
+    assert {k: v.data_ptr() for k, v in model.state_dict().items()} == pointers
+    after = backend.generate(prompts, params)
+    assert token_ids(before) != token_ids(after)
+    assert all(c.policy_version == 1 for g in after for c in g.completions)
+
+
+def test_update_from_another_model_reproduces_it(tokenizer, backend, other_model_dir):
+    other = load_model(other_model_dir)
+    prompts = encode(tokenizer, MIXED_TEXTS)
+    backend.update_weights({k: v.clone() for k, v in other.state_dict().items()}, 4)
+    groups = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=12))
+    for group, (ref_tokens, _) in zip(groups, hf_greedy(other, tokenizer, prompts, 12)):
+        assert group.completions[0].token_ids == ref_tokens
+
+
+@pytest.mark.parametrize("name", ["lm_head.weight", "model.embed_tokens.weight"])
+def test_tied_embeddings_load_through_either_name(model, tokenizer, backend, other_model_dir, name):
+    assert model.config.tie_word_embeddings
+    other = {k: v.clone() for k, v in load_model(other_model_dir).state_dict().items()}
+    embedding = other["model.embed_tokens.weight"]
+    weights = {k: v for k, v in other.items() if k not in ("lm_head.weight", "model.embed_tokens.weight")}
+    weights[name] = embedding
+    backend.update_weights(weights, 2)
+    assert torch.equal(model.lm_head.weight, embedding)
+    assert torch.equal(model.model.embed_tokens.weight, embedding)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_tied_names_with_different_values_are_rejected(backend, policy_weights):
+    weights = dict(policy_weights)
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"] + 1.0
+    with pytest.raises(ValueError, match="tied"):
+        backend.update_weights(weights, 1)
+    assert backend.policy_version == 0
+
+
+def test_missing_weights_are_rejected_and_nothing_is_loaded(model, backend, policy_weights):
+    weights = {k: v + 1.0 for k, v in policy_weights.items() if k != "model.norm.weight"}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(KeyError, match="model.norm.weight"):
+        backend.update_weights(weights, 1)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert backend.policy_version == 0
+
+
+# ----------------------------------------------------------------------------- API details
+
+
+def test_factory_builds_torch_and_lists_known_backends(model, tokenizer):
+    backend = make_rollout_backend("torch", model, tokenizer, max_batch_size=8, policy_version=3)
+    assert isinstance(backend, TorchRolloutBackend)
+    assert backend.max_batch_size == 8 and backend.policy_version == 3
+    with pytest.raises(ValueError, match="torch"):
+        make_rollout_backend("nope", model, tokenizer)
+
+
+def test_last_stats_count_generated_tokens(tokenizer, backend):
+    groups = backend.generate(encode(tokenizer), SamplingParams(n=3, temperature=1.0, max_new_tokens=7, seed=0))
+    stats = backend.last_stats
+    assert stats["gen_tokens"] == sum(len(c.token_ids) for g in groups for c in g.completions)
+    assert stats["gen_seconds"] > 0
+    assert stats["sequences"] == 12
+
+
+@pytest.mark.parametrize(
+    ("prompts", "params", "match"),
+    [
+        ([[1, 2]], SamplingParams(n=0), "n must be"),
+        ([[1, 2]], SamplingParams(max_new_tokens=0), "max_new_tokens"),
+        ([[1, 2]], SamplingParams(temperature=-1.0), "temperature"),
+        ([[1, 2]], SamplingParams(top_p=0.0), "top_p"),
+        ([[1, 2]], SamplingParams(stop=("",)), "stop"),
+        ([[]], SamplingParams(), "empty"),
+        ([[1, 10**6]], SamplingParams(), "outside"),
+    ],
+)
+def test_bad_inputs_are_rejected(backend, prompts, params, match):
+    with pytest.raises(ValueError, match=match):
+        backend.generate(prompts, params)
+
+
+def test_closed_backend_refuses_work(tokenizer, backend):
+    backend.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        backend.generate(encode(tokenizer), SamplingParams())

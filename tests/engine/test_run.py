@@ -1,0 +1,141 @@
+"""Whole runs through the CLI: events, resume equivalence, cancel on SIGTERM, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.config import build_config
+from engine.run import EXIT_CANCELLED, EXIT_SUCCEEDED, execute
+
+NONDETERMINISTIC = ("timing_s/", "perf/")
+
+
+def small_config(model_dir: Path, out: Path, **trainer: object) -> dict:
+    return {
+        "name": "t",
+        "output_dir": str(out),
+        "model": {"path": str(model_dir)},
+        "data": {"source": "builtin", "task": "arithmetic", "train_size": 200, "eval_size": 8},
+        "rollout": {"n": 4, "max_new_tokens": 6},
+        "trainer": {
+            "prompts_per_step": 4,
+            "ppo_mini_batch_size": 2,
+            "ppo_epochs": 2,
+            "micro_batch_size": 3,
+            "eval_every": 2,
+            "eval_pass_k": 2,
+            "deterministic": True,
+            **trainer,
+        },
+        "algorithm": {"use_kl_loss": True, "entropy_coeff": 0.01},
+        "checkpoint": {"every_steps": 2, "keep_last": 5},
+        "logging": {"samples_per_step": 5, "progress": "off", "heartbeat_s": 0.2},
+    }
+
+
+def read_events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def metrics_by_step(events: list[dict]) -> dict[int, dict[str, float]]:
+    return {
+        e["step"]: {k: v for k, v in e["values"].items() if not k.startswith(NONDETERMINISTIC)}
+        for e in events
+        if e["type"] == "metrics"
+    }
+
+
+def test_run_writes_the_protocol_and_resume_is_exact(tiny_model_dir: Path, tmp_path: Path) -> None:
+    straight = build_config(small_config(tiny_model_dir, tmp_path / "a", total_steps=4))
+    assert execute(straight) == EXIT_SUCCEEDED
+    events = read_events(tmp_path / "a" / "events.jsonl")
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    states = [e["state"] for e in events if e["type"] == "status"]
+    assert states == ["starting", "running", "succeeded"]
+    metrics = metrics_by_step(events)
+    assert sorted(metrics) == [0, 1, 2, 3, 4]  # step 0 is the eval before training
+    step = metrics[1]
+    for name in (
+        "reward/mean", "reward/std", "reward/task/mean", "train/accuracy", "response_length/mean",
+        "response_length/clip_ratio", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
+        "actor/kl_loss", "actor/grad_norm", "actor/lr", "frac_reward_zero_std", "critic/advantages/mean",
+    ):
+        assert name in step, name
+    assert "eval/accuracy" in metrics[2] and "eval/pass@2" in metrics[2]
+    samples = [e for e in events if e["type"] == "samples"]
+    assert len(samples) == 4 and len(samples[0]["items"]) == 5
+    item = samples[0]["items"][0]
+    assert set(item) >= {"prompt", "completion", "reward", "advantage", "length", "finish_reason", "extra"}
+    checkpoints = [e for e in events if e["type"] == "checkpoint"]
+    assert [c["step"] for c in checkpoints] == [2, 4] and all(c["bytes"] > 0 for c in checkpoints)
+
+    # Resume from the step-2 checkpoint in a new place: steps 3-4 must equal the straight run's.
+    resumed_cfg = build_config(small_config(tiny_model_dir, tmp_path / "b", total_steps=4))
+    ckpt = Path(checkpoints[0]["path"])
+    assert execute(resumed_cfg, resume=str(ckpt)) == EXIT_SUCCEEDED
+    resumed = read_events(tmp_path / "b" / "events.jsonl")
+    assert resumed[0]["seq"] > checkpoints[0]["seq"]  # seq continues after the checkpoint's
+    again = metrics_by_step(resumed)
+    assert sorted(again) == [3, 4]
+    for s in (3, 4):
+        assert again[s] == pytest.approx(metrics[s], rel=1e-6, abs=1e-7), s
+
+
+def test_sigterm_checkpoints_and_exits_cancelled_then_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg_path = tmp_path / "run.json"
+    cfg = small_config(tiny_model_dir, tmp_path / "run", total_steps=200)
+    cfg["checkpoint"]["every_steps"] = 0
+    cfg_path.write_text(json.dumps(cfg))
+    events_path = tmp_path / "run" / "events.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "run", str(cfg_path)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if events_path.exists() and any(e["type"] == "metrics" and e["step"] >= 1 for e in read_events(events_path)):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_CANCELLED, stderr
+    events = read_events(events_path)
+    assert events[-1]["type"] == "status" and events[-1]["state"] == "cancelled"
+    ckpt = [e for e in events if e["type"] == "checkpoint"][-1]
+    stopped_at = ckpt["step"]
+    assert 1 <= stopped_at < 200
+    cfg["trainer"]["total_steps"] = stopped_at + 1
+    cfg_path.write_text(json.dumps(cfg))
+    out = subprocess.run(
+        [sys.executable, "-m", "engine", "run", str(cfg_path), "--resume", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == EXIT_SUCCEEDED, out.stderr
+    events = read_events(events_path)
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(set(seqs))  # strictly increasing across the resume
+    assert events[-1]["state"] == "succeeded"
+    assert [e["step"] for e in events if e["type"] == "metrics"][-1] == stopped_at + 1
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "grpo", "--set", "model.path=/no/such/model"], "/no/such/model"),
+        (["run", "grpo", "--set", "rollout.n=0"], "rollout.n"),
+        (["run", "missing.yaml"], "file not found"),
+    ],
+)
+def test_cli_errors_are_one_line_without_traceback(args: list[str], needle: str, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "engine", *args, "--set", f"output_dir={tmp_path}"],
+        capture_output=True, text=True, timeout=120, env={**os.environ},
+    )
+    assert out.returncode != 0
+    assert needle in out.stderr and "Traceback" not in out.stderr
