@@ -84,10 +84,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{name}: {json.dumps(values.get('algorithm', {}))}")
         return 0
     if args.command == "make-model":
-        from engine.models import make_model
+        from engine.models import make_model_cli
 
-        path = make_model(args.dir, arch=args.arch, size=args.size, seed=args.seed)
-        print(path)
+        make_model_cli(args.dir, arch=args.arch, size=args.size, seed=args.seed)
         return 0
     if args.command == "starter":
         from engine.models import starter_policy

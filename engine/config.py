@@ -5,7 +5,7 @@ Everything a user can set in the browser form is here, and the form is generated
 where the concept is the same (``adv_estimator``, ``clip_ratio_high``, ``loss_agg_mode``,
 ``kl_loss_type``, ...) so that papers and verl recipes map one to one.
 
-Defaults are tuned for the built-in tasks on the starter policy (a ~2M-parameter model
+Defaults are tuned for the built-in tasks on the starter policy (a ~1M-parameter model
 that learns on a CPU in minutes); real models want smaller learning rates and longer
 responses, which a YAML file or ``--set`` supplies.
 """
@@ -15,8 +15,9 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -103,7 +104,7 @@ class DataConfig(Section):
     @model_validator(mode="after")
     def _path_for_files(self) -> DataConfig:
         if self.source != "builtin" and not self.path:
-            raise ValueError(f"data.path is required when data.source is '{self.source}': set it to the file")
+            raise ValueError(f"data.path: required when data.source is '{self.source}'; set it to the file or directory")
         return self
 
 
@@ -153,6 +154,15 @@ class RewardConfig(Section):
         5.0, gt=0, le=600, title="Timeout (s)", description="Per-call limit; a call over it scores 0 and is counted."
     )
     workers: int = Field(1, ge=1, le=64, title="Reward workers", description="Processes scoring completions.")
+
+    @field_validator("functions")
+    @classmethod
+    def _known_functions(cls, v: list[RewardFunctionConfig]) -> list[RewardFunctionConfig]:
+        # User modules are not imported here: the web app validates configs it never runs.
+        from engine.rewards import validate_reward_functions
+
+        validate_reward_functions(v, import_user=False)
+        return v
 
 
 class FilterGroupsConfig(Section):
@@ -258,7 +268,7 @@ def _check_registered(name: str, getter: Any) -> None:
 
 
 class OptimizerConfig(Section):
-    lr: float = Field(2e-4, gt=0.0, le=1.0, title="Learning rate")
+    lr: float = Field(5e-5, gt=0.0, le=1.0, title="Learning rate")
     betas: tuple[float, float] = Field((0.9, 0.99), title="Adam betas")
     eps: float = Field(1e-8, gt=0.0, title="Adam epsilon")
     weight_decay: float = Field(0.0, ge=0.0, title="Weight decay")
@@ -315,7 +325,7 @@ class TrainerConfig(Section):
         mb = self.ppo_mini_batch_size
         if mb is not None and (mb > self.prompts_per_step or self.prompts_per_step % mb):
             raise ValueError(
-                f"trainer.ppo_mini_batch_size ({mb}) must divide trainer.prompts_per_step ({self.prompts_per_step})"
+                f"trainer.ppo_mini_batch_size: {mb} must divide trainer.prompts_per_step ({self.prompts_per_step})"
             )
         return self
 
@@ -360,11 +370,16 @@ class RunConfig(Section):
     def _cross_section(self) -> RunConfig:
         if self.model.path == "starter" and self.data.source != "builtin":
             raise ValueError(
-                "model.path 'starter' is the built-in task's policy; set model.path to a model directory "
+                "model.path: 'starter' is the built-in task's policy; set a model directory "
                 "when data.source is not 'builtin'"
             )
+        if self.data.source != "builtin" and any(f.name == "task" for f in self.reward.functions):
+            raise ValueError(
+                "reward.functions: 'task' is the built-in task's verifier; with data.source "
+                f"'{self.data.source}' use math, exact_match or your own module:function"
+            )
         if self.algorithm.filter_groups.enable and self.rollout.n < 2:
-            raise ValueError("algorithm.filter_groups needs rollout.n >= 2 (a group of one has no variance)")
+            raise ValueError("algorithm.filter_groups.enable: needs rollout.n >= 2 (a group of one has no variance)")
         return self
 
     @property
@@ -442,6 +457,23 @@ PRESETS: dict[str, dict[str, Any]] = {
 # ----------------------------------------------------------------------------- loading
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2 booleans: only true/false, so ``progress: off`` stays the string 'off'."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Yaml12Loader)
+
+
 class ConfigError(ValueError):
     """A config that does not validate; ``problems`` lists ``(path, message)`` pairs."""
 
@@ -472,7 +504,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not path:
         raise ConfigError([("--set", f"'{item}' has an empty key")])
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return path, value
@@ -500,7 +532,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError([(str(p), "file not found (give a YAML/JSON file or a preset name: " + ", ".join(PRESETS) + ")")])
     text = p.read_text()
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if p.suffix == ".json" else load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError([(str(p), f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}")]) from None
     if data is None:
@@ -539,6 +571,9 @@ def load_config(source: str, overrides: list[str] | None = None) -> RunConfig:
     return build_config(data, source)
 
 
+FIELD_PREFIX = re.compile(r"^([a-z_]+(?:\.[a-z_]+|\[\d+\])+): (.*)$", re.DOTALL)
+
+
 def describe_errors(exc: ValidationError, data: dict[str, Any]) -> list[tuple[str, str]]:
     """Turn pydantic errors into ``(dotted.path, message with the fix)`` pairs."""
     problems = []
@@ -546,9 +581,13 @@ def describe_errors(exc: ValidationError, data: dict[str, Any]) -> list[tuple[st
         loc = [str(p) for p in err["loc"]]
         path = ".".join(loc) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
+        own = FIELD_PREFIX.match(msg)
+        if own and own.group(1).startswith(path if loc else ""):
+            # A validator that knows the exact field (reward.functions[1].params.x) names it first.
+            path, msg = own.group(1), own.group(2)
+        elif err["type"] == "extra_forbidden":
             msg = "unknown field" + _did_you_mean(loc)
-        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict):
+        elif err["type"] != "missing" and not isinstance(err.get("input"), dict | list):
             msg += f" (got {err['input']!r})"
         problems.append((path, msg))
     return problems
@@ -573,5 +612,3 @@ def json_schema() -> dict[str, Any]:
     schema["x-presets"] = {name: deep_merge({}, values) for name, values in PRESETS.items()}
     return schema
 
-
-ConfigSource = Annotated[str, "a preset name or a YAML/JSON path"]

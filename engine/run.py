@@ -22,8 +22,7 @@ from engine.checkpoint import load_state, resolve_checkpoint, restore_rng
 from engine.config import RunConfig
 from engine.data import PromptSampler, load_prompts
 from engine.events import EventSink, Heartbeat
-from engine.models import load_model, load_tokenizer
-from engine.models.starter import starter_policy
+from engine.models import load_model, load_tokenizer, resolve_model_path
 from engine.pipeline.learner import Learner
 from engine.pipeline.orchestrator import Orchestrator
 from engine.pipeline.producer import RolloutProducer
@@ -52,12 +51,6 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
-
-
-def model_path(cfg: RunConfig, progress: Any = None) -> Path:
-    if cfg.model.path == "starter":
-        return starter_policy(cfg.data.task, cfg.data.difficulty, progress=progress)
-    return Path(cfg.model.path)
 
 
 class Progress:
@@ -128,7 +121,7 @@ def _train(
 ) -> tuple[str, int]:
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     device = pick_device(cfg.trainer.device)
-    path = model_path(cfg)
+    path = resolve_model_path(cfg.model, cfg.data)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     model = load_model(path, dtype=dtype, device=device)
     tokenizer = load_tokenizer(path)

@@ -20,14 +20,22 @@ from engine.data.errors import DataError
 
 Row = tuple[str, str, str | None, dict[str, Any]]  # uid, raw prompt, answer, metadata
 
+_MISSING = object()
 
-def _records(path: Path, source: str, split: str | None) -> tuple[Iterator[tuple[str, dict[str, Any]]], list[str] | None]:
+
+def _records(
+    path: Path, source: str, split: str | None
+) -> tuple[Iterator[tuple[str, dict[str, Any]]], list[str] | None]:
     """``(where, record)`` pairs of a file (where = "line 12" / "row 12") and its columns when known."""
     if not path.exists():
-        raise DataError(f"{path}: file not found; set data.path (or data.eval_path) to an existing {source} file")
+        raise DataError(
+            f"{path}: file not found; set data.path (or data.eval_path) to an existing {source} file"
+        )
     if source == "jsonl":
         if not path.is_file():
-            raise DataError(f"{path} is a directory, not a JSONL file; use data.source 'disk' for a saved dataset")
+            raise DataError(
+                f"{path} is a directory, not a JSONL file; use data.source 'disk' for a saved dataset"
+            )
         return _jsonl_records(path), None
     if source == "parquet":
         return _parquet_records(path)
@@ -38,27 +46,29 @@ def _records(path: Path, source: str, split: str | None) -> tuple[Iterator[tuple
 
 def _jsonl_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     try:
-        fh = path.open("r", encoding="utf-8")
+        fh = path.open("rb")
     except OSError as exc:
         raise DataError(f"{path}: cannot open ({exc.strerror})") from None
     with fh:
-        lineno = 0
-        try:
-            for lineno, line in enumerate(fh, 1):  # noqa: B007 (used after the loop on decode errors)
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(
-                        f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                        "each line must be one JSON object"
-                    ) from None
-                if not isinstance(obj, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-                yield f"line {lineno}", obj
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path}:{lineno + 1}: not UTF-8 text ({exc.reason}); save the file as UTF-8") from None
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{lineno}: not UTF-8 text ({exc.reason}); save the file as UTF-8"
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                    "each line must be one JSON object"
+                ) from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield f"line {lineno}", obj
 
 
 def _parquet_records(path: Path) -> tuple[Iterator[tuple[str, dict[str, Any]]], list[str]]:
@@ -84,6 +94,11 @@ def _disk_records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, di
         raise DataError(f"{path} is not a directory saved with datasets.save_to_disk; check data.source")
     try:
         ds = datasets.load_from_disk(str(path))
+    except IndexError:
+        # datasets saves an empty Dataset with no shards and then cannot load it
+        if _saved_without_shards(path):
+            raise DataError(f"{path}: the dataset is empty; it needs at least one row") from None
+        raise
     except (FileNotFoundError, ValueError, OSError) as exc:
         raise DataError(f"{path}: cannot load with datasets.load_from_disk ({exc})") from None
     if isinstance(ds, datasets.DatasetDict):
@@ -105,6 +120,17 @@ def _disk_records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, di
     return it(), list(ds.column_names)
 
 
+def _saved_without_shards(path: Path) -> bool:
+    states = [path / "state.json", *path.glob("*/state.json")]
+    for state in states:
+        try:
+            if json.loads(state.read_text()).get("_data_files") == []:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def _check_columns(path: Path, columns: list[str], cfg: DataConfig) -> None:
     wanted = [("data.fields.prompt", cfg.fields.prompt)]
     if cfg.fields.answer is not None:
@@ -112,8 +138,14 @@ def _check_columns(path: Path, columns: list[str], cfg: DataConfig) -> None:
     wanted += [("data.fields.metadata", m) for m in cfg.fields.metadata]
     for setting, col in wanted:
         if col not in columns:
-            fix = " (or set data.fields.answer to null if there is no answer)" if setting == "data.fields.answer" else ""
-            raise DataError(f"{path}: no column '{col}' (from {setting}); the file has {columns}: set {setting}{fix}")
+            fix = (
+                " (or set data.fields.answer to null if there is no answer)"
+                if setting == "data.fields.answer"
+                else ""
+            )
+            raise DataError(
+                f"{path}: no column '{col}' (from {setting}); the file has {columns}: set {setting}{fix}"
+            )
 
 
 def _row_uid(raw: str, answer: str | None, meta: dict[str, Any]) -> str:
@@ -137,7 +169,9 @@ def read_rows(path: str | Path, cfg: DataConfig) -> list[Row]:
                 f"the row has {sorted(rec)}: fix the row or set data.fields.prompt"
             )
         if not isinstance(raw, str) or not raw:
-            raise DataError(f"{p}, {where}: field '{cfg.fields.prompt}' must be a non-empty string, got {raw!r}")
+            raise DataError(
+                f"{p}, {where}: field '{cfg.fields.prompt}' must be a non-empty string, got {raw!r}"
+            )
         answer: str | None = None
         if cfg.fields.answer is not None:
             value = rec.get(cfg.fields.answer, _MISSING)
@@ -146,7 +180,7 @@ def read_rows(path: str | Path, cfg: DataConfig) -> list[Row]:
                     f"{p}, {where}: no field '{cfg.fields.answer}' (data.fields.answer); fix the row or set "
                     "data.fields.answer to the answer column (null if there is none)"
                 )
-            answer = None if value is None else value if isinstance(value, str) else json.dumps(value) if isinstance(value, list | dict) else str(value)
+            answer = _answer_text(value)
         meta: dict[str, Any] = {}
         for col in cfg.fields.metadata:
             value = rec.get(col, _MISSING)
@@ -158,11 +192,19 @@ def read_rows(path: str | Path, cfg: DataConfig) -> list[Row]:
         seen[uid] = n + 1
         rows.append((uid if n == 0 else f"{uid}-{n}", raw, answer, meta))
     if not rows:
-        raise DataError(f"{p}: the dataset is empty; it needs at least one row with a '{cfg.fields.prompt}' field")
+        raise DataError(
+            f"{p}: the dataset is empty; it needs at least one row with a '{cfg.fields.prompt}' field"
+        )
     return rows
 
 
-_MISSING = object()
+def _answer_text(value: Any) -> str | None:
+    """Answers are strings: numbers become their text, lists/dicts JSON, null stays None."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list | dict):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
 
 
 def _content_key(uid: str) -> str:
@@ -191,5 +233,7 @@ def file_rows(cfg: DataConfig) -> tuple[list[Row], list[Row], int]:
     eval_keys = {_content_key(r[0]) for r in eval_rows}
     train = [r for r in rows if _content_key(r[0]) not in eval_keys]
     if not train:
-        raise DataError(f"{cfg.path}: every training row also appears in the eval set; use different eval data")
+        raise DataError(
+            f"{cfg.path}: every training row also appears in the eval set; use different eval data"
+        )
     return train, eval_rows, len(rows) - len(train)

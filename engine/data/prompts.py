@@ -61,8 +61,10 @@ def _template_fields(template: str) -> list[str]:
     try:
         return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as exc:
-        raise DataError(f"data.prompt_template {template!r} is not a valid format string ({exc}); "
-                        "use {prompt} for the prompt and double braces {{ }} for literal braces") from None
+        raise DataError(
+            f"data.prompt_template {template!r} is not a valid format string ({exc}); "
+            "use {prompt} for the prompt and double braces {{ }} for literal braces"
+        ) from None
 
 
 def apply_prompt_template(template: str, raw: str, extra: Mapping[str, Any] | None = None) -> str:
@@ -75,7 +77,11 @@ def apply_prompt_template(template: str, raw: str, extra: Mapping[str, Any] | No
         if base not in values:
             raise DataError(
                 f"data.prompt_template uses {{{base}}}, which is not available; use {{prompt}}"
-                + (f" or one of the metadata fields {sorted(set(values) - {'prompt'})}" if len(values) > 1 else "")
+                + (
+                    f" or one of the metadata fields {sorted(set(values) - {'prompt'})}"
+                    if len(values) > 1
+                    else ""
+                )
             )
     try:
         return template.format_map(values)
@@ -85,7 +91,11 @@ def apply_prompt_template(template: str, raw: str, extra: Mapping[str, Any] | No
 
 def uses_chat_template(cfg: DataConfig, tokenizer: Any) -> bool:
     """True when prompts go through the tokenizer's chat template."""
-    return cfg.chat_template == "auto" and tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+    return (
+        cfg.chat_template == "auto"
+        and tokenizer is not None
+        and bool(getattr(tokenizer, "chat_template", None))
+    )
 
 
 def format_prompt(raw: str, cfg: DataConfig, tokenizer: Any, extra: Mapping[str, Any] | None = None) -> str:
@@ -138,7 +148,11 @@ def build_prompts(
     """
     chat = uses_chat_template(cfg, tokenizer)
     texts = [format_prompt(raw, cfg, tokenizer, meta) for _, raw, _, meta in rows]
-    ids = encode_texts(tokenizer, texts, add_special_tokens=not chat) if tokenizer is not None else [[]] * len(texts)
+    ids = (
+        encode_texts(tokenizer, texts, add_special_tokens=not chat)
+        if tokenizer is not None
+        else [[]] * len(texts)
+    )
     kept: list[Prompt] = []
     too_long = 0
     for (uid, raw, answer, meta), text, tok in zip(rows, texts, ids):
@@ -161,8 +175,13 @@ def builtin_rows(cfg: DataConfig) -> tuple[list[tuple[str, str, str | None, dict
     except ValueError as exc:
         raise DataError(str(exc)) from None
     prefix = f"{cfg.task}-d{cfg.difficulty}"
-    train = [(f"{prefix}-train-{i:06d}", it.prompt, it.answer, dict(it.metadata)) for i, it in enumerate(train_items)]
-    evals = [(f"{prefix}-eval-{i:06d}", it.prompt, it.answer, dict(it.metadata)) for i, it in enumerate(eval_items)]
+    train = [
+        (f"{prefix}-train-{i:06d}", it.prompt, it.answer, dict(it.metadata))
+        for i, it in enumerate(train_items)
+    ]
+    evals = [
+        (f"{prefix}-eval-{i:06d}", it.prompt, it.answer, dict(it.metadata)) for i, it in enumerate(eval_items)
+    ]
     return train, evals
 
 
@@ -266,7 +285,9 @@ class PromptSampler:
             )
         position = int(state["position"])
         if not 0 <= position < len(self._prompts):
-            raise ValueError(f"sampler state position {position} is out of range for {len(self._prompts)} prompts")
+            raise ValueError(
+                f"sampler state position {position} is out of range for {len(self._prompts)} prompts"
+            )
         self.epoch = int(state["epoch"])
         self.position = position
         self.seed = int(state.get("seed", self.seed))

@@ -159,7 +159,7 @@ class CountdownTask:
                 left = f"({expr})" if prec < p else expr
                 expr = f"{left}{op}{n}"
                 prec = p
-                value = value + n if op == "+" else value - n if op == "-" else value * n if op == "*" else value / n
+                value = _apply(op, value, Fraction(n))
             if value.denominator == 1 and 0 < value <= 1000 and value not in numbers:
                 break
         target = int(value)
@@ -209,6 +209,16 @@ class CountdownTask:
         if not solution:
             raise ValueError("countdown items need metadata['solution'] for a reference completion")
         return str(solution)
+
+
+def _apply(op: str, left: Fraction, right: Fraction) -> Fraction:
+    if op == "+":
+        return left + right
+    if op == "-":
+        return left - right
+    if op == "*":
+        return left * right
+    return left / right
 
 
 def _literals(node: ast.expr) -> list[int] | None:
@@ -306,7 +316,9 @@ def generate_train(task: str, difficulty: int, size: int, exclude: set[str]) -> 
     return items
 
 
-def generate_splits(task: str, difficulty: int, train_size: int, eval_size: int) -> tuple[list[TaskItem], list[TaskItem]]:
+def generate_splits(
+    task: str, difficulty: int, train_size: int, eval_size: int
+) -> tuple[list[TaskItem], list[TaskItem]]:
     """Train and eval items of a built-in task, checked to be disjoint."""
     eval_items = generate_eval(task, difficulty, eval_size)
     eval_keys = {it.key for it in eval_items}

@@ -50,13 +50,15 @@ class ModelSpec:
     num_key_value_heads: int
     tie_word_embeddings: bool
     max_position_embeddings: int = 512
+    rope_theta: float = 10_000.0
 
 
 SIZES: dict[str, ModelSpec] = {
+    # Head sizes are 32 or 64: vLLM's CPU attention kernels support head sizes 32, 64, 80, ...
     # ~0.1M parameters: for tests (builds and runs in milliseconds).
-    "tiny": ModelSpec(64, 128, 2, 4, 2, True),
-    # ~2M parameters: the starter policy size; learns the built-in tasks on a CPU in minutes.
-    "small": ModelSpec(256, 384, 4, 4, 2, True),
+    "tiny": ModelSpec(64, 128, 2, 2, 1, True),
+    # ~1M parameters: the starter policy; learns the built-in tasks on one CPU core in minutes.
+    "small": ModelSpec(192, 384, 3, 6, 2, True),
     # ~10M parameters.
     "base": ModelSpec(384, 1024, 6, 6, 2, False, 1024),
 }
@@ -69,7 +71,7 @@ class MakeModelError(ValueError):
 # ----------------------------------------------------------------------------- corpus
 
 
-_WORDS = (
+_WORD_TEXT = (
     "the a an of to and in is it that for on with as was be by this are or from at which but not have "
     "has had were can will one all there their what so if about more when up out into than them only "
     "number numbers answer question result target make use each once sum difference product total "
@@ -78,7 +80,8 @@ _WORDS = (
     "user assistant system you your please think solve problem expression correct wrong because "
     "small large tiny base world hello yes no true false zero one two three four five six seven "
     "eight nine ten hundred thousand count down left right write read show give find check"
-).split()
+)
+_WORDS = tuple(_WORD_TEXT.split())
 
 
 def general_corpus(n: int = 400, seed: int = 0) -> list[str]:
@@ -104,19 +107,24 @@ def default_corpus() -> list[str]:
         for difficulty in range(1, 6):
             for item in generate_eval(name, difficulty, 60):
                 lines.append(item.prompt + item.solution)
-                lines.append(f"{IM_START}user\n{item.prompt}{IM_END}\n{IM_START}assistant\n{item.solution}{IM_END}\n")
+                lines.append(
+                    f"{IM_START}user\n{item.prompt}{IM_END}\n{IM_START}assistant\n{item.solution}{IM_END}\n"
+                )
     return lines
 
 
 # ----------------------------------------------------------------------------- tokenizer
 
 
-def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE):
+def build_tokenizer(
+    corpus: Iterable[str] | None = None, vocab_size: int = DEFAULT_VOCAB_SIZE, *, chat_template: bool = True
+):
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``corpus`` (default: ``default_corpus()``).
 
     Digits are split into single-digit tokens before the byte-level step, so no merge ever
     joins two digits. ``<|endoftext|>`` is eos and pad; ``<|im_start|>``/``<|im_end|>`` are
-    the chat tokens; the chat template is ChatML.
+    the chat tokens; the chat template is ChatML (none when ``chat_template`` is False: prompts
+    are then fed as raw text).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -143,7 +151,8 @@ def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = DEFAU
         clean_up_tokenization_spaces=False,
         model_max_length=max(s.max_position_embeddings for s in SIZES.values()),
     )
-    fast.chat_template = CHAT_TEMPLATE
+    if chat_template:
+        fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
@@ -162,6 +171,7 @@ def build_config(arch: Arch, spec: ModelSpec, vocab_size: int, eos_id: int, pad_
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings,
         rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
         bos_token_id=eos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
@@ -182,6 +192,19 @@ def build_config(arch: Arch, spec: ModelSpec, vocab_size: int, eos_id: int, pad_
 def count_parameters(model: torch.nn.Module) -> int:
     """Distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def _umask_mode(mode: int = 0o777) -> int:
+    """``mode`` with the process umask applied (``mkdtemp`` makes 0700 directories)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Give a finished temporary build directory normal permissions and rename it into place."""
+    os.chmod(tmp, _umask_mode())
+    os.replace(tmp, final)
 
 
 @contextlib.contextmanager
@@ -215,6 +238,7 @@ def make_model(
     seed: int = 0,
     corpus: Iterable[str] | None = None,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
+    chat_template: bool = True,
     overwrite: bool = False,
     verbose: bool = False,
 ) -> Path:
@@ -224,11 +248,19 @@ def make_model(
     ``seed`` (and corpus) gives byte-identical weights. The directory is written atomically
     (built beside it, then renamed); an existing non-empty ``out_dir`` is an error unless
     ``overwrite``. The parameter count is recorded in ``tributary.json`` (and printed when
-    ``verbose``); ``make_model_info`` returns it with the path.
+    ``verbose``); ``make_model_info`` returns it with the path. ``chat_template=False`` saves
+    the tokenizer without a chat template (prompts are then used as raw text).
     """
     return make_model_info(
-        out_dir, arch=arch, size=size, seed=seed, corpus=corpus, vocab_size=vocab_size,
-        overwrite=overwrite, verbose=verbose,
+        out_dir,
+        arch=arch,
+        size=size,
+        seed=seed,
+        corpus=corpus,
+        vocab_size=vocab_size,
+        chat_template=chat_template,
+        overwrite=overwrite,
+        verbose=verbose,
     ).path
 
 
@@ -240,6 +272,7 @@ def make_model_info(
     seed: int = 0,
     corpus: Iterable[str] | None = None,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
+    chat_template: bool = True,
     overwrite: bool = False,
     verbose: bool = False,
 ) -> MadeModel:
@@ -250,10 +283,12 @@ def make_model_info(
         raise MakeModelError(f"unknown arch '{arch}'; use qwen2 or llama")
     out = Path(out_dir).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise MakeModelError(f"{out} already exists and is not empty; choose a new directory or pass overwrite")
+        raise MakeModelError(
+            f"{out} already exists and is not empty; choose a new directory or pass overwrite"
+        )
     spec = SIZES[size]
 
-    tokenizer = build_tokenizer(corpus, vocab_size=vocab_size)
+    tokenizer = build_tokenizer(corpus, vocab_size=vocab_size, chat_template=chat_template)
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     config = build_config(arch, spec, len(tokenizer), eos_id, tokenizer.pad_token_id)
 
@@ -273,14 +308,42 @@ def make_model_info(
         with _quiet_progress():
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        info = {"arch": arch, "size": size, "seed": seed, "num_parameters": n_params, "spec": asdict(spec)}
+        info = {
+            "arch": arch,
+            "size": size,
+            "seed": seed,
+            "num_parameters": n_params,
+            "spec": asdict(spec),
+            "chat_template": chat_template,
+        }
         (tmp / "tributary.json").write_text(json.dumps(info, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if verbose:
         print(f"{arch} {size}: {n_params:,} parameters, vocabulary {len(tokenizer)} -> {out}")
     return MadeModel(out, arch, size, n_params, len(tokenizer))
+
+
+def make_model_cli(
+    out_dir: str | os.PathLike[str],
+    *,
+    arch: str = "qwen2",
+    size: str = "small",
+    seed: int = 0,
+    overwrite: bool = False,
+) -> MadeModel:
+    """``python -m engine make-model DIR [--arch qwen2|llama] [--size tiny|small|base]``.
+
+    Builds the model, prints one summary line (architecture, size, parameter count, path)
+    and returns the ``MadeModel``. Bad arguments raise ``MakeModelError`` (a ValueError)
+    with the fix in the message.
+    """
+    made = make_model_info(out_dir, arch=arch, size=size, seed=seed, overwrite=overwrite)  # type: ignore[arg-type]
+    print(
+        f"{made.arch} {made.size}: {made.num_parameters:,} parameters, vocabulary {made.vocab_size} -> {made.path}"
+    )
+    return made

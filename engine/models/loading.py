@@ -10,8 +10,14 @@ import torch
 
 _FIX = "build one with `python -m engine make-model DIR` or set model.path to a local transformers model directory"
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 class ModelLoadError(ValueError):
@@ -47,7 +53,9 @@ def load_model_config(path: str | os.PathLike[str]) -> Any:
     try:
         config = AutoConfig.from_pretrained(p, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"{p}/config.json cannot be read as a transformers config ({exc}); {_FIX}") from None
+        raise ModelLoadError(
+            f"{p}/config.json cannot be read as a transformers config ({exc}); {_FIX}"
+        ) from None
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelLoadError(
             f"{p} holds a '{config.model_type}' model, which is not a causal LM; "
@@ -69,7 +77,9 @@ def load_model(
     config = load_model_config(path)
     p = Path(path).expanduser()
     try:
-        model = AutoModelForCausalLM.from_pretrained(p, config=config, dtype=torch_dtype, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            p, config=config, dtype=torch_dtype, local_files_only=True
+        )
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the model weights in {p}: {exc}; {_FIX}") from None
     model.to(device)

@@ -10,6 +10,7 @@ from engine.algorithms import apply_kl_penalty, get_adv_estimator_fn, get_kl_con
 from engine.config import RunConfig
 from engine.pipeline.batch import RolloutBatch
 from engine.trainer import TrainerBackend
+from engine.trainer.actor import logprob_mismatch
 
 
 def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -29,6 +30,19 @@ class Learner:
         self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
 
     @property
+    def recomputes_old_log_probs(self) -> bool:
+        """Whether the old policy's log-probs need their own forward pass.
+
+        With one epoch and one mini-batch, strictly on-policy, the policy being updated *is*
+        the old policy, so the actor uses its own detached log-probs (ratio exactly 1; verl
+        and TRL skip the pass too). KL in the reward needs them before the update, so it
+        keeps the pass.
+        """
+        t = self.cfg.trainer
+        single_update = t.ppo_epochs == 1 and (t.ppo_mini_batch_size or t.prompts_per_step) == t.prompts_per_step
+        return not (single_update and t.max_staleness == 0 and not self.cfg.algorithm.use_kl_in_reward)
+
+    @property
     def needs_reference(self) -> bool:
         a = self.cfg.algorithm
         return a.use_kl_loss or a.use_kl_in_reward
@@ -38,14 +52,11 @@ class Learner:
         a = self.cfg.algorithm
         metrics: dict[str, float] = {}
         mask = batch.response_mask
-        t0 = time.perf_counter()
-        batch.old_log_probs = self.trainer.compute_log_probs(batch)
-        metrics["timing_s/old_logprob"] = time.perf_counter() - t0
-        diff = (batch.old_log_probs - batch.rollout_log_probs).abs()[mask.bool()]
-        if diff.numel():
-            # Train/inference mismatch: the sampler's log-probs against the trainer's recomputation.
-            metrics["rollout/logprob_diff_max"] = float(diff.max())
-            metrics["rollout/logprob_diff_mean"] = float(diff.mean())
+        if self.recomputes_old_log_probs:
+            t0 = time.perf_counter()
+            batch.old_log_probs = self.trainer.compute_log_probs(batch)
+            metrics["timing_s/old_logprob"] = time.perf_counter() - t0
+            metrics.update(logprob_mismatch(batch.old_log_probs, batch.rollout_log_probs, mask))
         if self.needs_reference:
             t0 = time.perf_counter()
             batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)

@@ -9,6 +9,7 @@ samples again until the batch is full or ``max_num_gen_batches`` rounds are spen
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -20,13 +21,14 @@ from engine.pipeline.batch import Rollout, RolloutBatch, collate, rollouts_from_
 from engine.rewards import RewardInput, RewardManager, RewardResult
 from engine.rollout import RolloutBackend, SamplingParams
 
-CORRECTNESS_REWARDS = ("task", "math", "exact_match")
-"""Reward components that mean "the answer is right": the first one configured is accuracy."""
+CORRECTNESS = re.compile(r"(task|math|exact_match)(_\d+)?")
+"""Reward components that mean "the answer is right" (a repeated name gets ``_2``, ...):
+the first one configured is the accuracy."""
 
 
 def correctness_component(components: dict[str, list[float]]) -> str | None:
     """Name of the accuracy component among a result's components (None if there is none)."""
-    return next((name for name in components if name.startswith(CORRECTNESS_REWARDS)), None)
+    return next((name for name in components if CORRECTNESS.fullmatch(name)), None)
 
 
 @dataclass

@@ -19,10 +19,15 @@ step), the 4-D boolean attention masks are built here, and attention runs throug
 ``config._attn_implementation`` points at that function; it is restored afterwards. Other models take
 the generic path: ``DynamicCache`` and 2-D masks, same sampling and bookkeeping.
 
-Sampling is reproducible independently of batching: every sequence draws its uniforms from its own
-``torch.Generator`` seeded from ``(seed, sequence index)`` and picks its token by inverse-CDF lookup, so
-neither ``max_batch_size``, nor the order of rows after compaction, nor the other prompts of the call
-change which random number a sequence uses at a given step. The process-wide RNG is never touched.
+Reproducibility (``SamplingParams.seed`` set): sequence ``s`` (prompt ``s // n``, sample ``s % n``) draws
+its uniforms from its own ``torch.Generator`` seeded by a hash of ``(seed, s)`` and picks each token by
+inverse-CDF lookup in the filtered distribution. So neither ``max_batch_size`` nor the order rows end up in
+after compaction changes which random number a sequence uses at a step: the same prompts (in the same
+order), params and weights give the same completions. Bitwise for the same ``max_batch_size``; across
+different ``max_batch_size`` the logits can differ in the last float bits (other matmul shapes), which moves
+logprobs by ~1e-7 and could change a token only if a uniform fell within that distance of a CDF boundary.
+Without a seed, a private generator (seeded from the OS) picks one per call. The process-wide RNG is
+never touched.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from engine.rollout.base import Completion, FinishReason, PromptCompletions, SamplingParams
@@ -62,36 +68,52 @@ def _rollout_attention(
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
     scaling: float | None = None,
+    is_causal: bool | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA for rollout: ``query [B, H, q, D]``, ``key/value [B, KV, L, D]``, boolean mask ``[B, 1, q, L]``.
+    """SDPA for ``query [B, H, q, D]``, ``key/value [B, KV, L, D]`` and a boolean mask ``[B, 1, q, L]`` (or None).
 
     With one query position (decoding) the ``H / KV`` query heads that share a KV head are attended as
-    that many query rows of one head: a plain SDPA call on the cache view, no ``repeat_kv`` copy of the
-    cache and no GQA dispatch (which transformers' own SDPA path only uses without a mask).
+    that many query rows of one head: a plain SDPA call on the cache view, without the ``repeat_kv`` copy
+    of the whole cache that transformers' SDPA path makes whenever there is a mask.
+
+    It is also a complete causal-LM attention (no mask: causal; dropout honoured), so that anything else
+    calling the model while a generation has it switched to this function still computes correctly.
     """
     batch, heads, q_len, head_dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
-    if q_len == 1 and groups > 1:
+    dropout = dropout if module.training else 0.0
+    if q_len == 1 and groups > 1 and dropout == 0.0:
         out = F.scaled_dot_product_attention(
-            query.reshape(batch, kv_heads, groups, head_dim), key, value, attn_mask=attention_mask, scale=scaling
+            query.reshape(batch, kv_heads, groups, head_dim),
+            key,
+            value,
+            attn_mask=attention_mask,
+            scale=scaling,
         )
         return out.reshape(batch, 1, heads, head_dim), None
+    causal = (
+        attention_mask is None and q_len > 1 and (is_causal if is_causal is not None else module.is_causal)
+    )
+    if causal and key.shape[2] != q_len:
+        raise ValueError("rollout attention: a causal call without a mask must not have cached keys")
+    gqa = {}
     if groups > 1:
         if query.device.type == "cpu":
-            out = F.scaled_dot_product_attention(
-                query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
-            )
-            return out.transpose(1, 2).contiguous(), None
-        # CUDA SDPA falls back to its math kernel for GQA with a mask: expand the heads instead.
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling)
+            gqa["enable_gqa"] = True
+        else:  # CUDA SDPA falls back to its math kernel for GQA with a mask: expand the heads instead
+            key = key.repeat_interleave(groups, dim=1)
+            value = value.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=causal, scale=scaling, **gqa
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
 ALL_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, _rollout_attention)
+# Calls that do not bring their own 4-D mask get transformers' SDPA-style boolean masks.
+ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
 
 
 class _SlotLayer(DynamicLayer):
@@ -155,7 +177,12 @@ class _SlotCache(Cache):
         self.length = 0
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: object,
+        **kwargs: object,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         while len(self.layers) <= layer_idx:
             self.layers.append(_SlotLayer(self))
@@ -353,16 +380,19 @@ class TorchRolloutBackend:
                     f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects "
                     f"{tuple(own[name].shape)}"
                 )
+        groups = []  # (target, source) per distinct parameter, all checked before anything is written
+        for names in aliases.values():
+            given = [n for n in names if n in state_dict]
+            source = state_dict[given[0]]
+            for other in given[1:]:
+                same = _storage_key(state_dict[other]) == _storage_key(source)
+                if not same and not torch.equal(state_dict[other].to(source.device), source):
+                    raise ValueError(
+                        f"update_weights: {given[0]!r} and {other!r} are tied in the model but differ"
+                    )
+            groups.append((own[names[0]], source))
         with torch.no_grad():
-            for names in aliases.values():
-                given = [n for n in names if n in state_dict]
-                target = own[names[0]]
-                source = state_dict[given[0]]
-                for other in given[1:]:
-                    if not torch.equal(state_dict[other].to(source.device), source):
-                        raise ValueError(
-                            f"update_weights: {given[0]!r} and {other!r} are tied in the model but differ"
-                        )
+            for target, source in groups:
                 if _storage_key(source) == _storage_key(target) and source.stride() == target.stride():
                     continue  # the trainer's own tensor: already in place
                 target.copy_(source)
@@ -485,10 +515,15 @@ class TorchRolloutBackend:
                     [[i] for i in range(known)], skip_special_tokens=True
                 )
             last_chars = {s[-1] for s in stop}
-            flags = [not text or "\ufffd" in text or any(c in text for c in last_chars) for text in self._token_texts]
+            flags = [
+                not text or "\ufffd" in text or any(c in text for c in last_chars)
+                for text in self._token_texts
+            ]
             mask = torch.ones(self.vocab_size, dtype=torch.bool)
             mask[: len(flags)] = torch.tensor(flags, dtype=torch.bool)
         mask = mask.to(self.device)
+        if len(self._stop_masks) >= 16:  # stop strings rarely change within a run; bound the cache anyway
+            self._stop_masks.clear()
         self._stop_masks[stop] = mask
         return mask
 
@@ -525,7 +560,9 @@ class TorchRolloutBackend:
         if params.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {params.max_new_tokens}")
         if not (params.temperature >= 0 and math.isfinite(params.temperature)):
-            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {params.temperature}")
+            raise ValueError(
+                f"SamplingParams.temperature must be >= 0 (0 = greedy), got {params.temperature}"
+            )
         if not 0 < params.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
         if any(not s for s in params.stop):

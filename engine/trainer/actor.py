@@ -72,8 +72,17 @@ def response_logprobs(
 
 
 ADDITIVE_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss"})
-"""Metrics that are micro-batch shares of a mini-batch aggregate: they sum across micro-batches
-(the others are per-micro-batch means, averaged by token share)."""
+"""Metrics that are micro-batch shares of a mini-batch aggregate: they sum across micro-batches."""
+MAX_METRICS = frozenset({"rollout/logprob_diff_max"})
+"""Metrics that combine by maximum. All others are per-micro-batch means, averaged by token share."""
+
+
+def logprob_mismatch(trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Train/inference mismatch: the sampler's log-probs against the trainer's, over real tokens."""
+    diff = (trainer_lp.detach() - rollout_lp).abs()[mask.bool()]
+    if diff.numel() == 0:
+        return {}
+    return {"rollout/logprob_diff_max": float(diff.max()), "rollout/logprob_diff_mean": float(diff.mean())}
 
 
 def global_batch_info(mini_mask: torch.Tensor, loss_scale_factor: float) -> dict[str, float]:
@@ -103,13 +112,18 @@ def actor_loss(
     with ``algo.loss_agg_mode`` against ``policy_loss_config.global_batch_info`` (verl's
     actor ``update_policy``).
     """
-    assert batch.old_log_probs is not None and batch.advantages is not None
+    assert batch.advantages is not None
     need_entropy = algo.entropy_coeff > 0
     log_prob, entropy = response_logprobs(model, batch, settings, compute_entropy=True)
     mask = batch.response_mask
+    extra: dict[str, float] = {}
+    old_log_prob = batch.old_log_probs
+    if old_log_prob is None:  # strictly on-policy single update: this policy is the old one
+        old_log_prob = log_prob.detach()
+        extra = logprob_mismatch(log_prob, batch.rollout_log_probs, mask)
     policy_loss_fn = get_policy_loss_fn(algo.policy_loss)
     pg_loss, pg_metrics = policy_loss_fn(
-        old_log_prob=batch.old_log_probs,
+        old_log_prob=old_log_prob,
         log_prob=log_prob,
         advantages=batch.advantages,
         response_mask=mask,
@@ -117,7 +131,7 @@ def actor_loss(
         config=policy_loss_config,
     )
     loss = pg_loss
-    metrics = {"actor/pg_loss": float(pg_loss.detach())}
+    metrics = {"actor/pg_loss": float(pg_loss.detach()), **extra}
     metrics.update({k if k.startswith("actor/") else f"actor/{k}": _as_float(v) for k, v in pg_metrics.items()})
     assert entropy is not None
     agg = dict(policy_loss_config.global_batch_info)

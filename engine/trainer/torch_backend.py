@@ -20,6 +20,7 @@ from engine.config import RunConfig
 from engine.pipeline.batch import RolloutBatch
 from engine.trainer.actor import (
     ADDITIVE_METRICS,
+    MAX_METRICS,
     LogprobSettings,
     actor_loss,
     global_batch_info,
@@ -109,6 +110,7 @@ class TorchTrainer:
         t = self.cfg.trainer
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
+        maxima: dict[str, float] = {}
         gen = torch.Generator().manual_seed(t.seed * 1_000_003 + self._version)
         for _ in range(t.ppo_epochs):
             order = torch.randperm(len(batch), generator=gen)
@@ -125,13 +127,16 @@ class TorchTrainer:
                     loss.backward()
                     share = float(micro.response_mask.sum()) / max(1.0, info["batch_num_tokens"])
                     for k, v in metrics.items():
-                        sums[k] += v if k in ADDITIVE_METRICS else v * share
+                        if k in MAX_METRICS:
+                            maxima[k] = max(maxima.get(k, v), v)
+                        else:
+                            sums[k] += v if k in ADDITIVE_METRICS else v * share
                 grad_norm = self._clip_and_step()
                 sums["actor/grad_norm"] += grad_norm
                 sums["_updates"] += 1
         self._version += 1  # one policy version per training step, however many optimiser steps
         n = max(1.0, sums.pop("_updates"))
-        out = {k: v / n for k, v in sums.items()}
+        out = {k: v / n for k, v in sums.items()} | maxima
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         out["actor/skipped_updates"] = float(self.skipped_updates)
         self.model.eval()

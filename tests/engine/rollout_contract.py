@@ -27,7 +27,12 @@ import torch
 
 from engine.rollout import Completion, PromptCompletions, RolloutBackend, SamplingParams
 
-PROMPT_TEXTS = ("Add 3 and 4.", "What is two plus five? Answer:", "hello", "Count down from nine to zero, then")
+PROMPT_TEXTS = (
+    "Add 3 and 4.",
+    "What is two plus five? Answer:",
+    "hello",
+    "Count down from nine to zero, then",
+)
 
 
 def encode(tokenizer, texts=PROMPT_TEXTS) -> list[list[int]]:
@@ -121,7 +126,9 @@ class RolloutBackendContract:
     def test_top_k_one_is_greedy(self, backend, tokenizer):
         prompts = encode(tokenizer)
         greedy = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=8))
-        topk = backend.generate(prompts, SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=8, seed=3))
+        topk = backend.generate(
+            prompts, SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=8, seed=3)
+        )
         for g, k in zip(greedy, topk):
             for c in k.completions:
                 assert c.token_ids == g.completions[0].token_ids
@@ -133,13 +140,19 @@ class RolloutBackendContract:
         params = SamplingParams(n=4, temperature=1.0, top_p=0.95, max_new_tokens=10, seed=1234)
         a = backend.generate(prompts, params)
         b = backend.generate(prompts, params)
-        assert [[c.token_ids for c in g.completions] for g in a] == [[c.token_ids for c in g.completions] for g in b]
+        assert [[c.token_ids for c in g.completions] for g in a] == [
+            [c.token_ids for c in g.completions] for g in b
+        ]
         for ga, gb in zip(a, b):
             for ca, cb in zip(ga.completions, gb.completions):
                 assert ca.logprobs == pytest.approx(cb.logprobs, abs=1e-6)
                 assert ca.text == cb.text and ca.finish_reason == cb.finish_reason
-        other = backend.generate(prompts, SamplingParams(n=4, temperature=1.0, top_p=0.95, max_new_tokens=10, seed=99))
-        assert [[c.token_ids for c in g.completions] for g in a] != [[c.token_ids for c in g.completions] for g in other]
+        other = backend.generate(
+            prompts, SamplingParams(n=4, temperature=1.0, top_p=0.95, max_new_tokens=10, seed=99)
+        )
+        assert [[c.token_ids for c in g.completions] for g in a] != [
+            [c.token_ids for c in g.completions] for g in other
+        ]
 
     def test_samples_of_a_group_differ(self, backend, tokenizer):
         prompts = encode(tokenizer)[:1]
@@ -166,7 +179,11 @@ class RolloutBackendContract:
             stop = full[max(0, cut - 2) : cut]
             if not stop.strip() or "\ufffd" in stop:
                 continue
-            k = next(k for k in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:k], skip_special_tokens=True))
+            k = next(
+                k
+                for k in range(1, len(ids) + 1)
+                if stop in tokenizer.decode(ids[:k], skip_special_tokens=True)
+            )
             params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16, stop=(stop,))
             got = backend.generate([prompt], params)[0].completions[0]
             assert got.finish_reason == "stop"
@@ -222,13 +239,15 @@ class RolloutBackendContract:
             after = backend.generate(prompts, params)
             assert [g.completions[0].token_ids for g in before] != [g.completions[0].token_ids for g in after]
         restored_out = backend.generate(prompts, params)
-        assert [g.completions[0].token_ids for g in before] == [g.completions[0].token_ids for g in restored_out]
+        assert [g.completions[0].token_ids for g in before] == [
+            g.completions[0].token_ids for g in restored_out
+        ]
 
     def test_update_weights_rejects_unknown_names(self, backend, policy_weights):
         bad = dict(policy_weights)
         name = next(iter(bad))
         bad["not.a.parameter"] = bad[name]
-        with pytest.raises((KeyError, ValueError), match="not.a.parameter"):
+        with pytest.raises((KeyError, ValueError), match=r"not\.a\.parameter"):
             backend.update_weights(bad, 3)
         assert backend.policy_version == 0
 

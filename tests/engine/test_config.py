@@ -72,9 +72,12 @@ def test_every_bad_field_is_listed_with_its_path() -> None:
 
 def test_cross_field_errors_name_the_fields() -> None:
     problems = problems_of({"trainer": {"prompts_per_step": 32, "ppo_mini_batch_size": 5}})
-    assert any("ppo_mini_batch_size" in m for m in problems.values())
-    problems = problems_of({"data": {"source": "jsonl"}})
-    assert any("data.path is required" in m for m in problems.values())
+    assert "must divide" in problems["trainer.ppo_mini_batch_size"]
+    assert "required" in problems_of({"data": {"source": "jsonl"}})["data.path"]
+    problems = problems_of({"reward": {"functions": [{"name": "task"}, {"name": "format", "params": {"regexp": "x"}}]}})
+    assert "did you mean 'regex'" in problems["reward.functions[1].params.regexp"]
+    problems = problems_of({"data": {"source": "jsonl", "path": "x.jsonl"}, "model": {"path": "m"}})
+    assert "use math, exact_match" in problems["reward.functions"]
 
 
 def test_unknown_preset_and_override_syntax() -> None:
