@@ -2,7 +2,7 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STEPS ?= 60
+STEPS ?= 300
 
 .PHONY: install test demo lint bench
 
@@ -21,7 +21,7 @@ test: install lint
 	$(PY) -m pytest -q
 
 demo: install
-	$(PY) -m engine run grpo --set trainer.total_steps=$(STEPS) --progress on
+	$(PY) -m engine run dapo --set trainer.total_steps=$(STEPS) --progress on
 
 bench: install
 	$(PY) bench/logprob_kernel.py

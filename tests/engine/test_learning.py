@@ -1,4 +1,4 @@
-"""The engine really learns: GRPO from the starter policy raises held-out accuracy.
+"""The engine really learns: DAPO from the starter policy raises held-out accuracy.
 
 Bounded by steps, never by wall-clock. The starter policy is built once per data directory
 (tests/conftest.py points it at .cache/test-data) and reused by later runs.
@@ -14,15 +14,16 @@ import pytest
 from engine.config import load_config
 from engine.run import EXIT_SUCCEEDED, execute
 
-STEPS = 40
-MARGIN = 0.15
+STEPS = 100
+MARGIN = 0.08  # measured: +0.15 at step 100 from a 0.48 starter (bench/learning_curve.py --preset dapo)
 
 
 @pytest.mark.slow
-def test_grpo_raises_eval_accuracy_from_the_starter_policy(tmp_path: Path) -> None:
+def test_dapo_raises_eval_accuracy_from_the_starter_policy(tmp_path: Path) -> None:
     cfg = load_config(
-        "grpo",
+        "dapo",
         [
+            "data.eval_size=512",
             f"trainer.total_steps={STEPS}",
             f"trainer.eval_every={STEPS}",
             "trainer.eval_pass_k=0",
