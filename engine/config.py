@@ -308,6 +308,11 @@ class TrainerConfig(Section):
         "fused", title="Logprob kernel", description="'fused' never holds the full [tokens x vocab] logits."
     )
     logprob_chunk_size: int = Field(1024, ge=1, title="Kernel chunk (tokens)")
+    shared_prompt: bool = Field(
+        True,
+        title="Shared-prompt forward",
+        description="Run each group's prompt once and its n responses on top (P + nR tokens, not n(P + R)).",
+    )
     eval_every: int = Field(10, ge=0, title="Eval every (steps)", description="0 = only at the start and end.")
     eval_pass_k: int = Field(
         4, ge=0, le=64, title="pass@k", description="Samples per eval prompt for pass@k (0 = greedy only)."

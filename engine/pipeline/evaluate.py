@@ -11,7 +11,13 @@ import time
 import numpy as np
 
 from engine.data import Prompt
+from engine.pipeline.batch import Rollout
 from engine.pipeline.producer import RolloutProducer, correctness_component, seed_for
+
+
+def _correct(rows: list[Rollout], acc_name: str | None) -> list[bool]:
+    """Correctness by the accuracy component, or a positive reward when there is none."""
+    return [r.components[acc_name] > 0.5 if acc_name else r.reward > 0 for r in rows]
 
 
 def evaluate(producer: RolloutProducer, prompts: list[Prompt], *, pass_k: int, seed: int) -> dict[str, float]:
@@ -20,7 +26,7 @@ def evaluate(producer: RolloutProducer, prompts: list[Prompt], *, pass_k: int, s
     t0 = time.perf_counter()
     greedy, result, _, _ = producer.generate_and_score(prompts, producer.sampling_params(n=1, temperature=0.0), -1)
     acc_name = correctness_component(result.components)
-    correct = [r.components[acc_name] > 0.5 for r in greedy] if acc_name else [r.reward > 0 for r in greedy]
+    correct = _correct(greedy, acc_name)
     out = {
         "eval/accuracy": float(np.mean(correct)),
         "eval/reward": float(np.mean([r.reward for r in greedy])),
@@ -29,9 +35,7 @@ def evaluate(producer: RolloutProducer, prompts: list[Prompt], *, pass_k: int, s
     if pass_k > 0:
         params = producer.sampling_params(n=pass_k, seed=seed_for(seed, -1))
         sampled, result, _, _ = producer.generate_and_score(prompts, params, -1)
-        hits = np.array(
-            [r.components[acc_name] > 0.5 if acc_name else r.reward > 0 for r in sampled], dtype=bool
-        ).reshape(len(prompts), pass_k)
+        hits = np.array(_correct(sampled, acc_name), dtype=bool).reshape(len(prompts), pass_k)
         out[f"eval/pass@{pass_k}"] = float(hits.any(axis=1).mean())
         out[f"eval/mean@{pass_k}"] = float(hits.mean())
     out["timing_s/eval"] = time.perf_counter() - t0

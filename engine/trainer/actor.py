@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 from engine.algorithms import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from engine.config import AlgorithmConfig
@@ -22,6 +23,7 @@ class LogprobSettings:
     temperature: float
     impl: str = "fused"
     chunk_size: int = 1024
+    shared_prompt: bool = True
 
 
 def split_model(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -43,13 +45,11 @@ def response_logprobs(
     Logits are divided by the sampling temperature, as the rollout sampled from them.
     """
     trunk, head = split_model(model)
-    input_ids = batch.input_ids
-    attn = batch.attention_mask
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    hidden = trunk(input_ids=input_ids, attention_mask=attn, position_ids=position_ids).last_hidden_state
-    p = batch.prompt_ids.shape[1]
-    r = batch.response_ids.shape[1]
-    pred_hidden = hidden[:, p - 1 : p - 1 + r]  # position t predicts token t + 1
+    pred_hidden = None
+    if settings.shared_prompt:
+        pred_hidden = _shared_prompt_hidden(trunk, batch)
+    if pred_hidden is None:
+        pred_hidden = _full_hidden(trunk, batch)
     mask = batch.response_mask.bool()
     sel_hidden = pred_hidden[mask]  # [N, H]
     labels = batch.response_ids[mask]
@@ -69,6 +69,59 @@ def response_logprobs(
     if ent is not None:
         entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ent.device).masked_scatter(mask, ent.squeeze(0))
     return logprobs, entropy
+
+
+def _full_hidden(trunk: nn.Module, batch: RolloutBatch) -> torch.Tensor:
+    """Hidden states ``[B, R, H]`` predicting each response token, from one pass over prompt + response."""
+    attn = batch.attention_mask
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    hidden = trunk(input_ids=batch.input_ids, attention_mask=attn, position_ids=position_ids).last_hidden_state
+    p = batch.prompt_ids.shape[1]
+    return hidden[:, p - 1 : p - 1 + batch.response_ids.shape[1]]  # position t predicts token t + 1
+
+
+def _shared_prompt_hidden(trunk: nn.Module, batch: RolloutBatch) -> torch.Tensor | None:
+    """The same hidden states, running each distinct prompt of the batch once.
+
+    A group's ``n`` completions share their prompt, so the prompt's keys and values are
+    computed once (with gradients) and gathered for every row before the responses run
+    on top of them: ``P + n R`` tokens instead of ``n (P + R)`` (the shared-prompt idea of
+    DualKV). Gradients from all ``n`` rows flow back through the gather into the one
+    prompt pass, so the result equals ``_full_hidden``'s. Returns None when no prompt is
+    shared or the model's cache is not a plain ``DynamicCache``.
+    """
+    keys = batch.index.tolist()
+    first_row: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        first_row.setdefault(key, i)
+    if len(first_row) == len(keys):
+        return None
+    slot = {key: j for j, key in enumerate(first_row)}
+    inverse = [slot[key] for key in keys]
+    rows = torch.tensor(list(first_row.values()), dtype=torch.long)
+    prompt_mask = batch.prompt_mask[rows]
+    out = trunk(
+        input_ids=batch.prompt_ids[rows],
+        attention_mask=prompt_mask,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+    )
+    cache = out.past_key_values
+    if not isinstance(cache, DynamicCache):
+        return None
+    gather = torch.tensor(inverse, dtype=torch.long, device=batch.prompt_ids.device)
+    cache.batch_select_indices(gather)
+    r = batch.response_ids.shape[1]
+    prompt_len = batch.prompt_mask.sum(-1, keepdim=True)
+    response = trunk(
+        input_ids=batch.response_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=prompt_len + torch.arange(r, device=prompt_len.device),
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    last_prompt = out.last_hidden_state[:, -1:][gather]  # predicts the first response token
+    return torch.cat([last_prompt, response[:, :-1]], dim=1)
 
 
 ADDITIVE_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss"})

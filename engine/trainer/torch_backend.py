@@ -76,7 +76,10 @@ class TorchTrainer:
             self.optimizer, lr_lambda(o.warmup_steps, total_updates, o.schedule, o.min_lr_ratio)
         )
         self.settings = LogprobSettings(
-            temperature=cfg.rollout.temperature or 1.0, impl=t.logprob_impl, chunk_size=t.logprob_chunk_size
+            temperature=cfg.rollout.temperature or 1.0,
+            impl=t.logprob_impl,
+            chunk_size=t.logprob_chunk_size,
+            shared_prompt=t.shared_prompt,
         )
         self.pl_config = policy_loss_config(cfg)
         self._version = 0
