@@ -139,3 +139,14 @@ def test_cli_errors_are_one_line_without_traceback(args: list[str], needle: str,
     )
     assert out.returncode != 0
     assert needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bfloat16_run_trains_with_finite_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = small_config(tiny_model_dir, tmp_path, total_steps=2)
+    data["model"]["dtype"] = "bfloat16"
+    data["trainer"]["eval_every"] = 0
+    assert execute(build_config(data)) == EXIT_SUCCEEDED
+    metrics = metrics_by_step(read_events(tmp_path / "events.jsonl"))
+    for step in (1, 2):
+        assert all(v is not None for v in metrics[step].values()), metrics[step]
+        assert metrics[step]["actor/grad_norm"] > 0
