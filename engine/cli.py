@@ -101,11 +101,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "show":
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
-    from engine.run import execute
+    from engine.run import EXIT_NAMES, execute
 
     if args.progress:
         cfg.logging.progress = args.progress
-    return execute(cfg, events=args.events, resume=args.resume, run_id=args.run_id)
+    code = execute(cfg, events=args.events, resume=args.resume, run_id=args.run_id)
+    events = args.events or cfg.run_dir / "events.jsonl"
+    print(f"{EXIT_NAMES[code]}: events in {events}, checkpoints in {cfg.run_dir / 'checkpoints'}", file=sys.stderr)
+    return code
 
 
 def _print_progress(step: int, total: int, loss: float) -> None:

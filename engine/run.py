@@ -35,6 +35,7 @@ EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
 EXIT_CANCELLED = 3
 """Exit codes: the worker maps them to the run's final state."""
+EXIT_NAMES = {EXIT_SUCCEEDED: "succeeded", EXIT_FAILED: "failed", EXIT_BAD_CONFIG: "bad config", EXIT_CANCELLED: "cancelled"}
 
 
 def pick_device(name: str) -> torch.device:
