@@ -23,7 +23,7 @@ from engine.config import RunConfig
 from engine.data import PromptSampler, load_prompts
 from engine.events import EventSink, Heartbeat
 from engine.models import load_model, load_tokenizer, resolve_model_path
-from engine.pipeline.learner import Learner
+from engine.pipeline.learner import Learner, needs_reference
 from engine.pipeline.orchestrator import Orchestrator
 from engine.pipeline.producer import RolloutProducer
 from engine.rewards import RewardManager
@@ -131,8 +131,7 @@ def _train(
         sink.log("warning", f"{splits.skipped_too_long} prompts longer than data.max_prompt_length were skipped")
     sampler = PromptSampler(splits.train, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
     backend = make_rollout_backend(cfg.rollout.backend, model, tokenizer, max_batch_size=cfg.rollout.batch_size)
-    learner_needs_ref = cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    trainer = TorchTrainer(model, cfg, device=device, need_reference=learner_needs_ref)
+    trainer = TorchTrainer(model, cfg, device=device, need_reference=needs_reference(cfg))
     learner = Learner(cfg, trainer)
     start_step = 0
     if checkpoint is not None:

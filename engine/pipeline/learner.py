@@ -20,6 +20,11 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> dict
     return {f"{prefix}/mean": float(sel.mean()), f"{prefix}/max": float(sel.max()), f"{prefix}/min": float(sel.min())}
 
 
+def needs_reference(cfg: RunConfig) -> bool:
+    """A frozen reference policy is kept only for a KL term (in the loss or in the reward)."""
+    return cfg.algorithm.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
 class Learner:
     """Runs verl's ``fit`` step order on a batch: old log-probs, reference log-probs, KL
     penalty in the reward (optional), advantages, then the policy update."""
@@ -42,10 +47,6 @@ class Learner:
         single_update = t.ppo_epochs == 1 and (t.ppo_mini_batch_size or t.prompts_per_step) == t.prompts_per_step
         return not (single_update and t.max_staleness == 0 and not self.cfg.algorithm.use_kl_in_reward)
 
-    @property
-    def needs_reference(self) -> bool:
-        a = self.cfg.algorithm
-        return a.use_kl_loss or a.use_kl_in_reward
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Fill ``old_log_probs``, ``ref_log_probs``, ``token_level_rewards`` and ``advantages``."""
@@ -57,7 +58,7 @@ class Learner:
             batch.old_log_probs = self.trainer.compute_log_probs(batch)
             metrics["timing_s/old_logprob"] = time.perf_counter() - t0
             metrics.update(logprob_mismatch(batch.old_log_probs, batch.rollout_log_probs, mask))
-        if self.needs_reference:
+        if needs_reference(self.cfg):
             t0 = time.perf_counter()
             batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
             metrics["timing_s/ref"] = time.perf_counter() - t0

@@ -103,7 +103,7 @@ class Orchestrator:
                 )
         return produced
 
-    def _eval(self, step: int) -> dict[str, float]:
+    def _eval(self) -> dict[str, float]:
         return evaluate(self.producer, self.eval_prompts, pass_k=self.cfg.trainer.eval_pass_k, seed=self.cfg.trainer.seed)
 
     def _due(self, step: int, every: int) -> bool:
@@ -115,7 +115,7 @@ class Orchestrator:
         last_metrics: dict[str, float] = {}
         with self._cancel_on_signals():
             if start_step == 0 and self.eval_prompts:
-                m = self._eval(0)
+                m = self._eval()
                 self.sink.metrics(0, m)
                 last_metrics.update(m)
             step = start_step
@@ -124,7 +124,7 @@ class Orchestrator:
                 step += 1
                 metrics = self.train_step(step)
                 if self._due(step, cfg.trainer.eval_every) or step == total:
-                    metrics.update(self._eval(step))
+                    metrics.update(self._eval())
                 self.sink.metrics(step, metrics)
                 last_metrics = metrics
                 self.history.append(metrics)

@@ -46,3 +46,7 @@ class TrainerBackend(Protocol):
     def state(self) -> dict[str, Any]:
         """Small JSON-able state (versions, counters) for the checkpoint's state.json."""
         ...
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``state`` returned."""
+        ...

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import build_config
+from engine.config import PRESETS, build_config
 from engine.run import EXIT_CANCELLED, EXIT_SUCCEEDED, execute
 
 NONDETERMINISTIC = ("timing_s/", "perf/")
@@ -150,3 +150,33 @@ def test_bfloat16_run_trains_with_finite_metrics(tiny_model_dir: Path, tmp_path:
     for step in (1, 2):
         assert all(v is not None for v in metrics[step].values()), metrics[step]
         assert metrics[step]["actor/grad_norm"] > 0
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_every_preset_trains_end_to_end(preset: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = small_config(tiny_model_dir, tmp_path, total_steps=2)
+    data["preset"] = preset
+    # The preset's own algorithm, plus an entropy bonus: the random tiny model's rewards are
+    # all equal, so without it there would be no gradient to check.
+    data["algorithm"] = {"entropy_coeff": 0.01}
+    data["trainer"].update(eval_every=0, ppo_epochs=1)
+    if preset == "rloo":  # also cover KL as a reward penalty with the adaptive controller
+        data["algorithm"].update(use_kl_in_reward=True, kl_ctrl={"type": "adaptive"})
+    cfg = build_config(data)
+    assert execute(cfg) == EXIT_SUCCEEDED
+    events = read_events(tmp_path / "events.jsonl")
+    metrics = metrics_by_step(events)
+    for step in (1, 2):
+        values = metrics[step]
+        assert all(v is not None for v in values.values()), values
+        if cfg.algorithm.filter_groups.enable:
+            # Dynamic sampling drops the random model's all-equal groups and skips the update.
+            assert values["filter/kept_groups"] == 0
+            assert values["filter/gen_rounds"] == cfg.algorithm.filter_groups.max_num_gen_batches
+            assert any(e["type"] == "log" and "filtered out" in e["message"] for e in events)
+            continue
+        assert values["actor/grad_norm"] > 0
+        if cfg.algorithm.use_kl_loss:
+            assert "actor/kl_loss" in values
+        if cfg.algorithm.use_kl_in_reward:
+            assert any("kl" in k and not k.startswith("actor/kl_loss") for k in values), sorted(values)

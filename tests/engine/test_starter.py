@@ -65,9 +65,7 @@ def test_starter_policy_sometimes_succeeds(task: str) -> None:
 def test_starter_policy_is_cached() -> None:
     path = starter_policy("arithmetic", 1)
     stamp = (path / "starter.json").stat().st_mtime_ns
-    t0 = time.perf_counter()
     assert starter_policy("arithmetic", 1, progress=lambda *a: pytest.fail("rebuilt")) == path
-    assert time.perf_counter() - t0 < 30  # no training happened (generous: only hashing the recipe)
     assert (path / "starter.json").stat().st_mtime_ns == stamp
     assert not [p for p in starter_dir().iterdir() if ".tmp-" in p.name]
 
