@@ -1,0 +1,85 @@
+"""Database fixtures and personas for the web app tests.
+
+Every test here runs against a real database: SQLite by default and PostgreSQL when
+``DATABASE_URL`` is set (``make test`` runs this directory once each way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from webapp.runs.models import Run
+from webapp.teams.choices import Role
+from webapp.teams.models import Membership, Project, Team
+
+
+@pytest.fixture(autouse=True)
+def _db(db: None) -> None:
+    """Every web app test may use the database (each test in a rolled-back transaction)."""
+
+
+@pytest.fixture
+def on_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def team() -> Team:
+    return Team.objects.create(name="Alignment", slug="alignment")
+
+
+@pytest.fixture
+def other_team() -> Team:
+    return Team.objects.create(name="Other lab", slug="other-lab")
+
+
+def _persona(django_user_model: Any, username: str, team: Team | None, role: Role | None) -> Any:
+    user = django_user_model.objects.create_user(username=username)  # no password: hashing is slow by design
+    if team is not None and role is not None:
+        Membership.objects.create(user=user, team=team, role=role)
+    return user
+
+
+@pytest.fixture
+def admin(django_user_model: Any, team: Team) -> Any:
+    return _persona(django_user_model, "alice-admin", team, Role.ADMIN)
+
+
+@pytest.fixture
+def member(django_user_model: Any, team: Team) -> Any:
+    return _persona(django_user_model, "bob-member", team, Role.MEMBER)
+
+
+@pytest.fixture
+def viewer(django_user_model: Any, team: Team) -> Any:
+    return _persona(django_user_model, "carol-viewer", team, Role.VIEWER)
+
+
+@pytest.fixture
+def outsider(django_user_model: Any, other_team: Team) -> Any:
+    """A member of another team, with no role in ``team``."""
+    return _persona(django_user_model, "dave-outsider", other_team, Role.ADMIN)
+
+
+@pytest.fixture
+def project(team: Team) -> Project:
+    return Project.objects.create(team=team, name="GSM8K", slug="gsm8k")
+
+
+@pytest.fixture
+def make_run(project: Project, member: Any) -> Callable[..., Run]:
+    def make(**fields: Any) -> Run:
+        fields.setdefault("name", "grpo-baseline")
+        fields.setdefault("config", {"algorithm": {"name": "grpo"}})
+        return Run.objects.create(project=project, created_by=member, **fields)
+
+    return make
+
+
+@pytest.fixture
+def run(make_run: Callable[..., Run]) -> Run:
+    return make_run()

@@ -1,0 +1,124 @@
+"""Typed readers for the environment variables that configure the web app.
+
+Settings are environment variables with safe defaults (DESIGN.md): embedded mode needs none,
+a team deployment sets ``DATABASE_URL`` (and later ``REDIS_URL``). Every bad value raises
+``ImproperlyConfigured`` naming the variable, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default).strip()
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: use one of 1/0, true/false, yes/no, on/off")
+
+
+def env_list(name: str, default: list[str] | None = None) -> list[str]:
+    """A comma-separated list (``ALLOWED_HOSTS=example.org,.example.com``); blanks dropped."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default or [])
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def data_dir() -> Path:
+    """The data directory shared with the engine: ``$TRIBUTARY_DATA_DIR`` or ``~/.cache/tributary``.
+
+    Embedded mode keeps its SQLite database and generated secret key here.
+    """
+    value = env_str("TRIBUTARY_DATA_DIR")
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "tributary"
+
+
+def secret_key_from(data_dir: Path, env_value: str = "") -> str:
+    """``SECRET_KEY`` from the environment, else the key stored in ``data_dir/secret_key``,
+    generated on first use with mode 0600 so a restart keeps sessions and signed tokens valid."""
+    if env_value:
+        return env_value
+    path = data_dir / "secret_key"
+    if path.exists():
+        key = path.read_text(encoding="utf-8").strip()
+        if key:
+            return key
+    data_dir.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(50)
+    # O_EXCL: when two processes start together, one creates the file and the other reads it.
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text(encoding="utf-8").strip()
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(key + "\n")
+    return key
+
+
+def database_from_url(url: str, data_dir: Path) -> dict[str, Any]:
+    """The ``default`` database: SQLite in ``data_dir`` when ``url`` is empty, PostgreSQL
+    (psycopg 3) for ``postgres://user:password@host:port/name?sslmode=...``."""
+    if not url:
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(data_dir / "tributary.sqlite3"),
+            # Writers wait for each other instead of failing with "database is locked".
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                # WAL: the web process reads while it writes an ingest batch.
+                "init_command": "PRAGMA journal_mode=WAL;",
+            },
+        }
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL scheme {parts.scheme!r} is not supported: use postgres://user:password@host:5432/name, "
+            "or leave DATABASE_URL unset for SQLite in the data directory"
+        )
+    name = unquote(parts.path.lstrip("/"))
+    if not name:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL {_redacted(url)!r} names no database: add /<name> after the host"
+        )
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL {_redacted(url)!r} has a bad port: {exc}") from None
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": unquote(parts.hostname or ""),
+        "PORT": str(port or ""),
+        "OPTIONS": dict(parse_qsl(parts.query)),
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+    }
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)

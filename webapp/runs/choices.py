@@ -1,0 +1,67 @@
+"""Run statuses (with their badge colour and legal transitions) and parent kinds, in one place."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    STARTING = "starting", "Starting"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    LOST = "lost", "Lost"
+
+    @property
+    def badge(self) -> str:
+        """Bootstrap-style colour name for the status badge."""
+        return _BADGE[self]
+
+    @property
+    def is_final(self) -> bool:
+        """No worker is running it (``lost`` can still be resumed: lost -> queued)."""
+        return self in FINAL_STATUSES
+
+    def can_become(self, to: RunStatus | str) -> bool:
+        return RunStatus(to) in TRANSITIONS[self]
+
+
+_BADGE = {
+    RunStatus.QUEUED: "secondary",
+    RunStatus.STARTING: "info",
+    RunStatus.RUNNING: "primary",
+    RunStatus.SUCCEEDED: "success",
+    RunStatus.FAILED: "danger",
+    RunStatus.CANCELLED: "dark",
+    RunStatus.LOST: "warning",
+}
+
+# The state machine. Everything not listed here is refused (``InvalidTransition``).
+TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.QUEUED: frozenset({RunStatus.STARTING, RunStatus.CANCELLED}),
+    RunStatus.STARTING: frozenset({RunStatus.RUNNING, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST}),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST}
+    ),
+    RunStatus.SUCCEEDED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+    RunStatus.LOST: frozenset({RunStatus.QUEUED}),  # resume on any worker
+}
+
+FINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST})
+ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING})
+
+
+class ParentKind(models.TextChoices):
+    FORK = "fork", "Fork"  # a new run from the parent's config with changes
+    RESUME = "resume", "Resume"  # continues the parent from one of its checkpoints
+
+
+class LogLevel(models.TextChoices):
+    DEBUG = "debug", "Debug"
+    INFO = "info", "Info"
+    WARNING = "warning", "Warning"
+    ERROR = "error", "Error"

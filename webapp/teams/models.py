@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from webapp.teams.choices import Role
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=100, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def role_of(self, user: object) -> Role | None:
+        """The user's role in this team, or None for an outsider (and for anonymous users)."""
+        if not getattr(user, "is_authenticated", False):
+            return None
+        role = self.memberships.filter(user=user).values_list("role", flat=True).first()
+        return Role(role) if role else None
+
+    def allows(self, user: object, role: Role | str) -> bool:
+        """True when the user holds ``role`` or a higher one in this team."""
+        held = self.role_of(user)
+        return held is not None and held.at_least(role)
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_one_per_user_team")]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"
+
+
+class Project(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="projects")
+    name = models.CharField(max_length=100)
+    slug = models.SlugField(max_length=100)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["team", "slug"], name="project_slug_unique_per_team")]
+
+    def __str__(self) -> str:
+        return f"{self.team.slug}/{self.slug}"

@@ -1,0 +1,17 @@
+from django.contrib import admin
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+
+
+def health(request: HttpRequest) -> JsonResponse:
+    """Liveness for load balancers and the run command: the database answers a query."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"status": "ok", "database": connection.vendor})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("health/", health, name="health"),
+]
