@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", help="event log: a JSONL path or '-' for stdout (default: <run dir>/events.jsonl)")
     p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (or a run dir: its latest)")
     p.add_argument("--run-id", help="the run id written into every event (default: random)")
+    p.add_argument(
+        "--start-seq", type=int, default=0, metavar="N", help="number events after N (a consumer's stored cursor)"
+    )
     p.add_argument("--progress", choices=["auto", "on", "off"], help="progress bar (default: logging.progress)")
 
     p = sub.add_parser("validate", help="check a config; list every bad field with its fix")
@@ -105,7 +108,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.progress:
         cfg.logging.progress = args.progress
-    code = execute(cfg, events=args.events, resume=args.resume, run_id=args.run_id)
+    code = execute(cfg, events=args.events, resume=args.resume, run_id=args.run_id, start_seq=args.start_seq)
     events = args.events or cfg.run_dir / "events.jsonl"
     print(f"{EXIT_NAMES[code]}: events in {events}, checkpoints in {cfg.run_dir / 'checkpoints'}", file=sys.stderr)
     return code

@@ -81,8 +81,14 @@ def execute(
     resume: str | None = None,
     show_progress: bool | None = None,
     run_id: str | None = None,
+    start_seq: int = 0,
 ) -> int:
-    """Run training to the end (or to a cancel signal); returns an ``EXIT_*`` code."""
+    """Run training to the end (or to a cancel signal); returns an ``EXIT_*`` code.
+
+    Event numbering continues after the largest of ``start_seq`` (what a consumer already
+    stored, e.g. the web app's cursor), the checkpoint's last seq, and the event file's last
+    seq, so a resumed run never reuses a number whichever log it writes to.
+    """
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = resolve_checkpoint(resume) if resume else None
@@ -90,7 +96,7 @@ def execute(
     sink = EventSink(
         run_id or (state.extra.get("run_id") if state else None) or uuid.uuid4().hex[:12],
         events if events is not None else run_dir / "events.jsonl",
-        start_seq=state.last_seq if state else 0,
+        start_seq=max(start_seq, state.last_seq if state else 0),
     )
     if show_progress is None:
         show_progress = cfg.logging.progress == "on" or (cfg.logging.progress == "auto" and sys.stderr.isatty())
