@@ -88,6 +88,9 @@ def database_from_url(url: str, data_dir: Path) -> dict[str, Any]:
                 # WAL: the web process reads while it writes an ingest batch.
                 "init_command": "PRAGMA journal_mode=WAL;",
             },
+            # A file, not Django's default in-memory test database: the web process, the
+            # ingest path and the tests use several connections at once, as in production.
+            "TEST": {"NAME": str(data_dir / "test_tributary.sqlite3")},
         }
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:

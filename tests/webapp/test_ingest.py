@@ -275,10 +275,8 @@ def test_it_keeps_one_log_line_per_seq(claimed) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_stores_a_batch_once_when_two_connections_ingest_it_together(run, on_postgres) -> None:
+def test_it_stores_a_batch_once_when_two_connections_ingest_it_together(run) -> None:
     """The worker reconnects while the old socket is still flushing: both ingest the same events."""
-    if not on_postgres:
-        pytest.skip("needs a server database: the in-memory SQLite test database is one connection")
     import threading
 
     from django.db import connections
