@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -153,7 +154,9 @@ def test_chat_template_is_chatml(tokenizer) -> None:
 @settings(max_examples=60, deadline=None)
 @given(text=st.text(max_size=40))
 def test_tokenizer_round_trips_any_text(tokenizer, text: str) -> None:
-    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    # Qwen2's tokenizer class normalises to NFC (U+F900 becomes U+8C48): identity up to that.
+    expected = unicodedata.normalize("NFC", text)
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == expected
 
 
 def test_tokenizer_without_chat_template(tmp_path: Path) -> None:
