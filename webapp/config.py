@@ -15,6 +15,10 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from engine.paths import data_dir  # one data directory for the engine, the worker and the web app
+
+__all__ = ["data_dir", "database_from_url", "env_bool", "env_int", "env_list", "env_str", "secret_key_from"]
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -35,21 +39,25 @@ def env_bool(name: str, default: bool = False) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean: use one of 1/0, true/false, yes/no, on/off")
 
 
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} is too small: use at least {minimum}")
+    return value
+
+
 def env_list(name: str, default: list[str] | None = None) -> list[str]:
     """A comma-separated list (``ALLOWED_HOSTS=example.org,.example.com``); blanks dropped."""
     raw = os.environ.get(name)
     if raw is None:
         return list(default or [])
     return [item.strip() for item in raw.split(",") if item.strip()]
-
-
-def data_dir() -> Path:
-    """The data directory shared with the engine: ``$TRIBUTARY_DATA_DIR`` or ``~/.cache/tributary``.
-
-    Embedded mode keeps its SQLite database and generated secret key here.
-    """
-    value = env_str("TRIBUTARY_DATA_DIR")
-    return Path(value).expanduser() if value else Path.home() / ".cache" / "tributary"
 
 
 def secret_key_from(data_dir: Path, env_value: str = "") -> str:

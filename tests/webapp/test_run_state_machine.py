@@ -15,7 +15,6 @@ def test_it_lists_the_documented_transitions() -> None:
         ("queued", "starting"), ("queued", "cancelled"),
         ("starting", "running"), ("starting", "failed"), ("starting", "cancelled"), ("starting", "lost"),
         ("running", "succeeded"), ("running", "failed"), ("running", "cancelled"), ("running", "lost"),
-        ("lost", "queued"),
     }  # fmt: skip
 
 
@@ -79,14 +78,13 @@ def test_it_stamps_start_and_finish_times(run) -> None:
     assert stored.worker_host == "cpu-1"
 
 
-def test_it_requeues_a_lost_run_as_a_fresh_attempt(run) -> None:
+def test_it_keeps_a_lost_run_final(run) -> None:
+    """A lost run is resumed as a new child run, never moved back to queued."""
     run.start(worker_host="cpu-1")
     run.mark_lost()
     assert Run.objects.get(pk=run.pk).status_message == "the worker went silent"
-    run.requeue()
-    stored = Run.objects.get(pk=run.pk)
-    assert stored.status == RunStatus.QUEUED
-    assert (stored.started_at, stored.finished_at, stored.worker_host) == (None, None, "")
+    with pytest.raises(InvalidTransition, match="'lost' is final"):
+        run.transition(RunStatus.QUEUED)
 
 
 def test_it_cancels_a_queued_run(run) -> None:

@@ -21,7 +21,7 @@ class RunStatus(models.TextChoices):
 
     @property
     def is_final(self) -> bool:
-        """No worker is running it (``lost`` can still be resumed: lost -> queued)."""
+        """No worker is running it; a resume is a new child run (``ParentKind.RESUME``)."""
         return self in FINAL_STATUSES
 
     def can_become(self, to: RunStatus | str) -> bool:
@@ -48,7 +48,9 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.SUCCEEDED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.CANCELLED: frozenset(),
-    RunStatus.LOST: frozenset({RunStatus.QUEUED}),  # resume on any worker
+    # Final. A lost, failed or cancelled run is resumed as a new child run that starts from
+    # one of its checkpoints (ParentKind.RESUME), on any worker: one mechanism for all three.
+    RunStatus.LOST: frozenset(),
 }
 
 FINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST})

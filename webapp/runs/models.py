@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
+from webapp.live.groups import announce_status
 from webapp.runs.choices import FINAL_STATUSES, TRANSITIONS, LogLevel, ParentKind, RunStatus
 from webapp.teams.models import Project, Team
 
@@ -60,6 +62,17 @@ class Run(models.Model):
     last_step = models.IntegerField(default=0)
     summary = models.JSONField(default=dict, blank=True, help_text="Last value of each metric.")
     last_seq = models.BigIntegerField(default=0, help_text="Ingest cursor: highest event seq stored.")
+    resume_from = models.ForeignKey(
+        "Checkpoint",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="resumed_by",
+        help_text="The parent's checkpoint this run starts from (a resume).",
+    )
+    cancel_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="A user asked to cancel; the worker is told on its socket."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -101,8 +114,6 @@ class Run(models.Model):
             updates["heartbeat_at"] = now
         elif target in FINAL_STATUSES:
             updates["finished_at"] = now
-        elif target == RunStatus.QUEUED:  # a resume: a new attempt
-            updates.update(finished_at=None, started_at=None, worker_host="")
         changed = Run.objects.filter(pk=self.pk, status=current).update(**updates)
         if not changed:
             now_status = Run.objects.filter(pk=self.pk).values_list("status", flat=True).first()
@@ -114,6 +125,9 @@ class Run(models.Model):
             )
         for name, value in updates.items():
             setattr(self, name, value)
+        # Watchers hear of it once the change is committed (at once outside a transaction).
+        run_id = self.pk
+        transaction.on_commit(lambda: announce_status(run_id))
 
     def start(self, worker_host: str) -> None:
         """A worker claims the queued run; only one of several competing workers wins."""
@@ -125,10 +139,6 @@ class Run(models.Model):
     def mark_lost(self, message: str = "the worker went silent") -> None:
         self.transition(RunStatus.LOST, message=message)
 
-    def requeue(self) -> None:
-        """lost -> queued, to resume on any worker."""
-        self.transition(RunStatus.QUEUED, message="")
-
     @property
     def status_badge(self) -> str:
         return RunStatus(self.status).badge
@@ -139,17 +149,21 @@ class Run(models.Model):
 
 
 class MetricPoint(models.Model):
+    """One value of a metrics event; ``seq`` is the event's, so the live socket can replay it."""
+
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
     name = models.CharField(max_length=200)
     step = models.IntegerField()
     value = models.FloatField()
     time = models.DateTimeField()
+    seq = models.BigIntegerField(default=0)
 
     class Meta:
         # The unique constraint's index (run, name, step) also serves a run's series in step order.
         constraints = [
             models.UniqueConstraint(fields=["run", "name", "step"], name="metric_one_per_run_name_step")
         ]
+        indexes = [models.Index(fields=["run", "seq"], name="metric_run_seq")]
 
     def __str__(self) -> str:
         return f"{self.name}@{self.step}={self.value}"
@@ -208,3 +222,34 @@ class LogLine(models.Model):
     class Meta:
         ordering = ["seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="logline_one_per_run_seq")]
+
+
+class ShareLink(models.Model):
+    """A read-only link to one run: whoever holds the token sees the run page and its rollouts,
+    nothing else. Revoking keeps the row (who shared what, when) and stops the token working."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="share_links")
+    token = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"share link of run {self.run_id}"
+
+    @classmethod
+    def create(cls, run: Run, user: object) -> ShareLink:
+        return cls.objects.create(run=run, token=secrets.token_urlsafe(24), created_by=user)
+
+    @classmethod
+    def run_for_token(cls, token: str) -> Run | None:
+        """The run a live (not revoked) token opens, else None."""
+        if not token:
+            return None
+        link = cls.objects.select_related("run__project__team").filter(token=token, revoked_at=None).first()
+        return link.run if link else None

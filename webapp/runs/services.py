@@ -217,7 +217,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
         if kind == "metrics":
             for name, value in event["values"].items():
                 points.append(
-                    MetricPoint(run=run, name=name, step=event["step"], value=value, time=event["time"])
+                    MetricPoint(run=run, name=name, step=event["step"], value=value, time=event["time"], seq=seq)
                 )
                 summary[name] = value
             last_step = max(last_step, event["step"])

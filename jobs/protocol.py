@@ -1,0 +1,51 @@
+"""The ingest socket protocol between a worker's run supervisor and the web app.
+
+The worker connects to ``ws(s)://<web>/ws/ingest/<run id>/?token=<ingest token>``; the token
+is signed by the web app when it queues the run (scoped to that run, expiring, renewed over
+the socket). Every message is one JSON object with a ``type``. Plain module: both sides
+import it, and the worker side runs without Django.
+
+Web app -> worker
+    ``hello``   ``{"type": "hello", "last_seq": N, "status": "queued", "cancel": false, "token": "..."}``
+                first message after connecting: the highest seq durably stored (resend
+                everything after it), the run's status, whether a cancel is pending, and a
+                fresh token to use for the next reconnect.
+    ``ack``     ``{"type": "ack", "seq": N}`` after each ``events`` batch is committed; may
+                carry a fresh ``token``.
+    ``cancel``  ``{"type": "cancel", "message": "..."}``: stop the engine (SIGTERM, then
+                SIGKILL after the grace period).
+    ``error``   ``{"type": "error", "code": 4422, "message": "..."}`` sent just before the
+                server closes with that code.
+
+Worker -> web app
+    ``attach``  ``{"type": "attach", "host": "gpu-7", "pid": 123}`` once, after ``hello``.
+    ``events``  ``{"type": "events", "events": [...]}``: consecutive engine events in seq order,
+                starting right after the last ack; at most ``MAX_BATCH_EVENTS`` events and
+                ``MAX_MESSAGE_BYTES`` bytes per message.
+    ``ping``    ``{"type": "ping"}``: the worker is alive (also while the engine is silent).
+
+Shipping is stop-and-wait per batch: send a batch, wait for its ack, send the next from
+``ack + 1``. On reconnect (with exponential backoff) the worker starts again after the
+``last_seq`` of the new ``hello``. Duplicates are ignored by the web app.
+"""
+
+from __future__ import annotations
+
+# Close codes (4000-4999 are the application's, RFC 6455 section 7.4.2).
+CLOSE_BAD_MESSAGE = 4400  # not JSON, not an object, unknown message type
+CLOSE_BAD_TOKEN = 4401  # missing, forged or expired token: get a new one by requeueing
+CLOSE_WRONG_RUN = 4403  # a valid token, but for another run
+CLOSE_NO_RUN = 4404  # the run does not exist (deleted)
+CLOSE_TOO_BIG = 4413  # message larger than MAX_MESSAGE_BYTES
+CLOSE_BAD_EVENT = 4422  # an event breaks the event protocol; nothing of the batch was stored
+
+# Codes after which reconnecting cannot help: the supervisor stops the run instead.
+FATAL_CLOSE_CODES = frozenset({CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_BAD_EVENT})
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_BATCH_EVENTS = 500
+
+# How often a connected worker pings, and how long without hearing from it makes a run lost.
+PING_INTERVAL_S = 10.0
+
+INGEST_PATH = "/ws/ingest/{run_id}/"
