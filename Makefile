@@ -17,16 +17,18 @@ $(VENV)/.installed: pyproject.toml
 lint: install
 	$(VENV)/bin/ruff check .
 
-# The web app tests run twice: on SQLite (with the rest of the suite), then on the machine's
-# PostgreSQL (pytest-django creates and drops test_tributary; .ci/run starts the server).
+# The web app tests run twice: on SQLite with the in-memory channel layer (with the rest of the
+# suite), then on the machine's PostgreSQL and Redis (pytest-django creates and drops
+# test_tributary; Redis database 15 keeps test traffic apart; .ci/run starts both servers).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/tributary
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # The same data directory tests/conftest.py picks, set before pytest-django loads the settings
 # (which create a secret key there), so tests never write to the user's own data directory.
 test: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
 
 test: install lint
 	$(PY) -m pytest -q
-	DATABASE_URL=$(TEST_DATABASE_URL) $(PY) -m pytest -q tests/webapp
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q tests/webapp
 
 demo: install
 	$(PY) -m engine run dapo --set trainer.total_steps=$(STEPS) --progress on

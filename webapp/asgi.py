@@ -1,7 +1,61 @@
-import os
+"""The ASGI application: Django over HTTP, the three sockets, and the lost-run sweeper.
 
-from django.core.asgi import get_asgi_application
+The sweeper runs as a background task of each web process (ASGI lifespan, served by
+uvicorn), so no extra process is needed in embedded mode and workers never need the
+database. It waits ``LOST_AFTER`` seconds after start-up before its first sweep, so workers
+that lost their socket while the web app was down get time to reconnect first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
-application = get_asgi_application()
+from django.core.asgi import get_asgi_application
+
+django_http = get_asgi_application()
+
+from channels.db import database_sync_to_async  # noqa: E402 - needs the app registry
+from channels.routing import ProtocolTypeRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from webapp.live.routing import websocket_application  # noqa: E402
+from webapp.runs.sweeper import sweep_lost_runs  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+async def _sweep_forever() -> None:
+    await asyncio.sleep(settings.LOST_AFTER)
+    while True:
+        try:
+            await database_sync_to_async(sweep_lost_runs)()
+        except Exception:  # the database is down: try again next time
+            log.exception("sweeping lost runs failed")
+        await asyncio.sleep(settings.SWEEP_EVERY)
+
+
+async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    task: asyncio.Task[None] | None = None
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            task = asyncio.create_task(_sweep_forever())
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+application = ProtocolTypeRouter(
+    {"http": django_http, "websocket": websocket_application(), "lifespan": lifespan}
+)

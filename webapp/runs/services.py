@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,29 +32,70 @@ class InvalidEvent(ValueError):
         super().__init__(f"event seq {seq}: field {field!r} {problem}")
 
 
+class SeqGap(InvalidEvent):
+    """The batch does not continue the stored events; resend from ``expected``."""
+
+    def __init__(self, seq: int, expected: int) -> None:
+        self.expected = expected
+        super().__init__(
+            seq,
+            "seq",
+            f"leaves a gap: the run has every event up to {expected - 1}, so the next one must be "
+            f"{expected}; resend from seq {expected}",
+        )
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What one ingest call stored: the cursor before and after, and the new events (as
+    validated, JSON-ready) for the live fan-out."""
+
+    previous_seq: int
+    last_seq: int
+    events: list[dict[str, Any]]
+
+
 def ingest_events(run: Run, events: Iterable[Mapping[str, Any]]) -> int:
     """Store a batch of engine events for ``run`` idempotently; return the new ``last_seq``.
+
+    ``run`` is refreshed from the database. See ``store_events``.
+    """
+    stored = store_events(run.pk, events)
+    run.refresh_from_db()
+    return stored.last_seq
+
+
+def store_events(run_id: int, events: Iterable[Mapping[str, Any]]) -> Stored:
+    """Store a batch of engine events for run ``run_id`` idempotently.
 
     The batch may arrive out of order, repeat events already stored, or overlap an earlier
     batch. Every event is validated first: a bad one raises ``InvalidEvent`` (a ValueError
     naming the seq and field) and nothing is written. The new events must continue the
-    stored ones without a gap (``last_seq + 1, + 2, ...``), so a missing event can never be
-    skipped past. A status event moves the run through its state machine; one the machine
-    refuses (for example ``running`` for a run already cancelled) is kept as a warning log
-    line instead of failing the batch, so the worker's resend cannot loop on it forever.
-    ``run`` is refreshed from the database.
+    stored ones without a gap (``last_seq + 1, + 2, ...``), else ``SeqGap`` says from which
+    seq to resend, so a missing event can never be skipped past. A status event moves the
+    run through its state machine; one the machine refuses (for example ``running`` for a
+    run already cancelled) is kept as a warning log line instead of failing the batch, so
+    the worker's resend cannot loop on it forever.
     """
     batch = _validated(events)
     with transaction.atomic():
         # The row lock serialises two connections ingesting the same run (no-op on SQLite,
         # where IMMEDIATE transactions already serialise writers).
-        locked = Run.objects.select_for_update().get(pk=run.pk)
-        fresh = [e for e in batch if e["seq"] > locked.last_seq]
+        locked = Run.objects.select_for_update().get(pk=run_id)
+        previous = locked.last_seq
+        fresh = [e for e in batch if e["seq"] > previous]
         if fresh:
-            _check_contiguous(locked.last_seq, fresh)
+            _check_contiguous(previous, fresh)
             _store(locked, fresh)
-    run.refresh_from_db()
-    return run.last_seq
+    return Stored(previous, fresh[-1]["seq"] if fresh else previous, [_public(e) for e in fresh])
+
+
+def _public(event: dict[str, Any]) -> dict[str, Any]:
+    """A validated event as JSON for browsers (times as Unix seconds)."""
+    out = dict(event)
+    if isinstance(out.get("time"), datetime):
+        out["time"] = out["time"].timestamp()
+    return out
 
 
 # --- validation ------------------------------------------------------------------------
@@ -191,12 +233,7 @@ def _check_contiguous(last_seq: int, fresh: list[dict[str, Any]]) -> None:
     expected = last_seq + 1
     for event in fresh:
         if event["seq"] != expected:
-            raise InvalidEvent(
-                event["seq"],
-                "seq",
-                f"leaves a gap: the run has every event up to {expected - 1}, so the next one must be "
-                f"{expected}; resend from seq {expected}",
-            )
+            raise SeqGap(event["seq"], expected)
         expected += 1
 
 

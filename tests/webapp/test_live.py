@@ -1,0 +1,316 @@
+"""The three sockets through the real ASGI application (``webapp.asgi.application``) and the
+configured channel layer: in-memory on the SQLite pass, Redis on the PostgreSQL pass."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django import db
+from django.core import signing
+from django.test import Client
+from django.utils import timezone
+
+from jobs.protocol import (
+    CLOSE_BAD_EVENT,
+    CLOSE_BAD_MESSAGE,
+    CLOSE_BAD_TOKEN,
+    CLOSE_NO_RUN,
+    CLOSE_TOO_BIG,
+    CLOSE_WRONG_RUN,
+    MAX_BATCH_EVENTS,
+    MAX_MESSAGE_BYTES,
+)
+from tests.webapp.event_builders import a_run_of, metrics, status
+from webapp.asgi import application
+from webapp.live.consumers import CLOSE_NOT_FOUND
+from webapp.live.groups import run_group, send_async
+from webapp.runs.choices import RunStatus
+from webapp.runs.launch import request_cancel
+from webapp.runs.models import MetricPoint, Run, ShareLink
+from webapp.runs.services import store_events
+from webapp.runs.sweeper import sweep_lost_runs
+from webapp.runs.tokens import ingest_token
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+ORIGIN = (b"origin", b"http://localhost")
+TIMEOUT = 10
+
+
+def _cookie_for(user: Any) -> tuple[bytes, bytes]:
+    client = Client()
+    client.force_login(user)
+    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+
+@pytest_asyncio.fixture
+async def connections() -> AsyncIterator[list[WebsocketCommunicator]]:
+    opened: list[WebsocketCommunicator] = []
+    yield opened
+    for comm in opened:
+        await comm.disconnect()
+    # The consumers' database thread keeps its connection (CONN_MAX_AGE): close it, or
+    # PostgreSQL refuses to drop the test database at the end.
+    await database_sync_to_async(db.connections.close_all)()
+
+
+@pytest.fixture
+def ingest(connections: list[WebsocketCommunicator]) -> Callable[..., Any]:
+    async def open_ingest(run_id: int, token: str | None = None) -> tuple[WebsocketCommunicator, dict[str, Any]]:
+        token = ingest_token(run_id) if token is None else token
+        comm = WebsocketCommunicator(application, f"/ws/ingest/{run_id}/?token={token}")
+        connections.append(comm)
+        connected, _ = await comm.connect(timeout=TIMEOUT)
+        assert connected
+        return comm, await comm.receive_json_from(timeout=TIMEOUT)
+
+    return open_ingest
+
+
+@pytest.fixture
+def watch(connections: list[WebsocketCommunicator]) -> Callable[..., Any]:
+    async def open_watch(path: str, user: Any = None) -> WebsocketCommunicator:
+        headers = [ORIGIN]
+        if user is not None:
+            headers.append(await sync_to_async(_cookie_for)(user))
+        comm = WebsocketCommunicator(application, path, headers=headers)
+        connections.append(comm)
+        connected, _ = await comm.connect(timeout=TIMEOUT)
+        assert connected
+        return comm
+
+    return open_watch
+
+
+async def closed_with(comm: WebsocketCommunicator) -> tuple[int, str]:
+    """Read until the server closes; return (close code, the error message sent before it)."""
+    message = ""
+    while True:
+        output = await comm.receive_output(timeout=TIMEOUT)
+        if output["type"] == "websocket.close":
+            return output.get("code"), message
+        payload = json.loads(output["text"])
+        if payload.get("type") == "error":
+            message = payload["message"]
+
+
+async def received_seqs(comm: WebsocketCommunicator, until_seq: int) -> list[int]:
+    seqs: list[int] = []
+    while not seqs or seqs[-1] < until_seq:
+        message = await comm.receive_json_from(timeout=TIMEOUT)
+        if message["type"] == "events":
+            seqs.extend(e["seq"] for e in message["events"])
+    return seqs
+
+
+def data_seqs(events: list[dict[str, Any]]) -> list[int]:
+    """The seqs a replay can rebuild (status and heartbeat events are not stored as rows)."""
+    return [e["seq"] for e in events if e["type"] not in ("status", "heartbeat")]
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+async def test_ingest_stores_acks_and_fans_out(ingest, watch, run, member) -> None:
+    viewer_socket = await watch(f"/ws/runs/{run.pk}/", member)
+    hello = await viewer_socket.receive_json_from(timeout=TIMEOUT)
+    assert (hello["type"], hello["status"], hello["last_seq"]) == ("hello", "queued", 0)
+
+    comm, hello = await ingest(run.pk)
+    assert (hello["type"], hello["last_seq"], hello["status"], hello["cancel"]) == ("hello", 0, "queued", False)
+    signing.TimestampSigner(salt="tributary.ingest").unsign_object(hello["token"])  # a fresh, valid token
+    await comm.send_json_to({"type": "attach", "host": "cpu-7", "pid": 1})
+    events = a_run_of(3)
+    await comm.send_json_to({"type": "events", "events": events[:5]})
+    assert await comm.receive_json_from(timeout=TIMEOUT) == {"type": "ack", "seq": 5}
+    await comm.send_json_to({"type": "events", "events": events})  # overlaps: duplicates ignored
+    assert await comm.receive_json_from(timeout=TIMEOUT) == {"type": "ack", "seq": len(events)}
+
+    assert await received_seqs(viewer_socket, len(events)) == list(range(1, len(events) + 1))
+    stored = await sync_to_async(Run.objects.get)(pk=run.pk)
+    assert (stored.status, stored.worker_host, stored.last_seq) == (RunStatus.RUNNING, "cpu-7", len(events))
+    assert await sync_to_async(MetricPoint.objects.filter(run=run).count)() == 6
+
+
+@pytest.mark.parametrize(
+    ("token", "code", "says"),
+    [
+        ("", CLOSE_BAD_TOKEN, "no token"),
+        ("forged:token", CLOSE_BAD_TOKEN, "not one this web app signed"),
+        ("OTHER", CLOSE_WRONG_RUN, "for another run"),
+        ("EXPIRED", CLOSE_BAD_TOKEN, "expired"),
+    ],
+)
+async def test_ingest_refuses_bad_tokens(connections, run, make_run, token, code, says, settings) -> None:
+    if token == "OTHER":
+        token = ingest_token((await sync_to_async(make_run)(name="another")).pk)
+    elif token == "EXPIRED":
+        token = ingest_token(run.pk)
+        settings.INGEST_TOKEN_MAX_AGE = -1
+    comm = WebsocketCommunicator(application, f"/ws/ingest/{run.pk}/?token={token}")
+    connections.append(comm)
+    await comm.connect(timeout=TIMEOUT)
+    assert (got := await closed_with(comm))[0] == code and says in got[1]
+
+
+async def test_ingest_refuses_a_run_that_does_not_exist(connections) -> None:
+    comm = WebsocketCommunicator(application, f"/ws/ingest/999999/?token={ingest_token(999999)}")
+    connections.append(comm)
+    await comm.connect(timeout=TIMEOUT)
+    assert (await closed_with(comm))[0] == CLOSE_NO_RUN
+
+
+BAD_MESSAGES = [
+    ("{not json", CLOSE_BAD_MESSAGE, "not JSON"),
+    ("[1, 2]", CLOSE_BAD_MESSAGE, "unknown message type"),
+    ('{"type": "shout"}', CLOSE_BAD_MESSAGE, "unknown message type 'shout'"),
+    ('{"type": "events", "events": {"seq": 1}}', CLOSE_BAD_MESSAGE, "must be a list"),
+    (json.dumps({"type": "events", "events": [{"seq": 1, "type": "party"}]}), CLOSE_BAD_EVENT, "known types"),
+    (
+        json.dumps({"type": "events", "events": [metrics(1, 1, **{"reward/mean": 0.5}), {**metrics(2, 2), "step": -3}]}),
+        CLOSE_BAD_EVENT,
+        "field 'step' must be an integer",
+    ),
+    ('{"type": "events", "events": [{"seq": 1, "type": "metrics", "step": 1, "time": 1e400, "values": {}}]}', CLOSE_BAD_EVENT, "time"),
+    (json.dumps({"type": "events", "events": [{}] * (MAX_BATCH_EVENTS + 1)}), CLOSE_TOO_BIG, "events in one message"),
+    (json.dumps({"type": "ping", "pad": "x" * MAX_MESSAGE_BYTES}), CLOSE_TOO_BIG, "the limit is"),
+]
+
+
+@pytest.mark.parametrize(("text", "code", "says"), BAD_MESSAGES, ids=[f"{c}-{s[:20]}" for _, c, s in BAD_MESSAGES])
+async def test_ingest_closes_on_bad_input_and_writes_nothing(ingest, run, text, code, says) -> None:
+    comm, _ = await ingest(run.pk)
+    await comm.send_to(text_data=text)
+    got_code, message = await closed_with(comm)
+    assert got_code == code and says in message
+    stored = await sync_to_async(Run.objects.get)(pk=run.pk)
+    assert (stored.last_seq, await sync_to_async(MetricPoint.objects.filter(run=run).count)()) == (0, 0)
+
+
+async def test_ingest_asks_for_a_resend_when_a_batch_leaves_a_gap(ingest, run) -> None:
+    comm, _ = await ingest(run.pk)
+    events = a_run_of(2)
+    await comm.send_json_to({"type": "events", "events": events[:2]})
+    assert (await comm.receive_json_from(timeout=TIMEOUT))["seq"] == 2
+    await comm.send_json_to({"type": "events", "events": events[4:]})
+    assert await comm.receive_json_from(timeout=TIMEOUT) == {"type": "ack", "seq": 2, "resend": True}
+    await comm.send_json_to({"type": "events", "events": events[2:]})
+    assert (await comm.receive_json_from(timeout=TIMEOUT))["seq"] == len(events)
+
+
+async def test_a_cancel_reaches_the_workers_socket_and_the_next_hello(ingest, run) -> None:
+    comm, _ = await ingest(run.pk)
+    await comm.send_json_to({"type": "attach", "host": "cpu-1"})
+    await comm.send_json_to({"type": "events", "events": [status(1, "starting"), status(2, "running")]})
+    assert (await comm.receive_json_from(timeout=TIMEOUT))["seq"] == 2
+    await sync_to_async(request_cancel)(await sync_to_async(Run.objects.get)(pk=run.pk), "enough")
+    assert await comm.receive_json_from(timeout=TIMEOUT) == {"type": "cancel", "message": "enough"}
+    assert (await sync_to_async(Run.objects.get)(pk=run.pk)).status == RunStatus.RUNNING  # until the engine stops
+    await comm.disconnect()
+    _, hello = await ingest(run.pk)
+    assert (hello["cancel"], hello["last_seq"]) == (True, 2)
+
+
+async def test_a_run_cancelled_while_queued_says_so_in_hello(ingest, run) -> None:
+    await sync_to_async(request_cancel)(run)
+    _, hello = await ingest(run.pk)
+    assert hello["status"] == "cancelled"
+
+
+# --------------------------------------------------------------------------- browsers
+
+
+async def test_a_browser_replays_after_its_cursor_then_follows_live(ingest, watch, run, member) -> None:
+    events = a_run_of(10)
+    first, rest = events[:20], events[20:]
+    await sync_to_async(store_events)(run.pk, first)
+    browser = await watch(f"/ws/runs/{run.pk}/?after_seq=7", member)
+    assert (await browser.receive_json_from(timeout=TIMEOUT))["last_seq"] == 20
+    comm, _ = await ingest(run.pk)
+    await comm.send_json_to({"type": "events", "events": rest})
+    await comm.receive_json_from(timeout=TIMEOUT)
+    got = await received_seqs(browser, len(events))
+    assert got == data_seqs(events[7:20]) + [e["seq"] for e in rest]
+
+
+async def test_a_browser_fills_a_hole_the_channel_layer_left(watch, run, member) -> None:
+    """The layer dropped the messages for seq 1-9 (never sent here): the next message it
+    does deliver starts at 10, and the consumer reads 1-9 from the database first."""
+    browser = await watch(f"/ws/runs/{run.pk}/", member)
+    await browser.receive_json_from(timeout=TIMEOUT)
+    events = [metrics(seq, seq, loss=seq / 10) for seq in range(1, 13)]
+    await sync_to_async(store_events)(run.pk, events[:9])
+    stored = await sync_to_async(store_events)(run.pk, events[9:])
+    await send_async(
+        run_group(run.pk),
+        {"type": "run.events", "from_seq": stored.previous_seq + 1, "last_seq": stored.last_seq, "events": stored.events},
+    )
+    got = await received_seqs(browser, 12)
+    assert got == list(range(1, 13))
+    replayed = [m for m in events[:9]]
+    assert [e["seq"] for e in replayed] == got[:9]
+
+
+async def test_a_share_token_opens_one_run_read_only(watch, connections, run, make_run, member) -> None:
+    link = await sync_to_async(ShareLink.create)(run, member)
+    browser = await watch(f"/ws/runs/{run.pk}/?share={link.token}")
+    assert (await browser.receive_json_from(timeout=TIMEOUT))["type"] == "hello"
+
+    other = await sync_to_async(make_run)(name="other")
+    for path in (f"/ws/runs/{other.pk}/?share={link.token}", f"/ws/runs/{run.pk}/?share=nope"):
+        comm = await watch(path)
+        assert (await closed_with(comm))[0] == CLOSE_NOT_FOUND
+    link.revoked_at = timezone.now()
+    await sync_to_async(link.save)()
+    comm = await watch(f"/ws/runs/{run.pk}/?share={link.token}")
+    assert (await closed_with(comm))[0] == CLOSE_NOT_FOUND
+
+
+@pytest.mark.parametrize("who", ["outsider", "anonymous"])
+async def test_outsiders_get_not_found_on_both_browser_sockets(watch, run, project, outsider, who) -> None:
+    user = outsider if who == "outsider" else None
+    for path in (f"/ws/runs/{run.pk}/", f"/ws/projects/{project.pk}/"):
+        comm = await watch(path, user)
+        code, message = await closed_with(comm)
+        assert code == CLOSE_NOT_FOUND and "not found" in message
+
+
+async def test_a_socket_without_origin_is_refused_for_browsers(connections, run) -> None:
+    comm = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/")
+    connections.append(comm)
+    connected, _ = await comm.connect(timeout=TIMEOUT)
+    assert not connected
+
+
+async def test_the_project_socket_carries_status_changes(watch, ingest, run, project, viewer) -> None:
+    table = await watch(f"/ws/projects/{project.pk}/", viewer)
+    comm, _ = await ingest(run.pk)
+    await comm.send_json_to({"type": "attach", "host": "cpu-3"})
+    await comm.send_json_to({"type": "events", "events": [status(1, "starting"), status(2, "running")]})
+    seen = [await table.receive_json_from(timeout=TIMEOUT) for _ in range(2)]
+    assert [(m["run"], m["status"]) for m in seen] == [(run.pk, "starting"), (run.pk, "running")]
+    assert seen[0]["worker_host"] == "cpu-3"
+
+
+async def test_the_sweeper_marks_silent_runs_lost_and_says_so(watch, make_run, project, member) -> None:
+    silent = await sync_to_async(make_run)(name="silent", status=RunStatus.RUNNING, worker_host="gpu-2")
+    alive = await sync_to_async(make_run)(name="alive", status=RunStatus.RUNNING)
+    queued = await sync_to_async(make_run)(name="queued")
+    now = timezone.now()
+    await sync_to_async(Run.objects.filter(pk=silent.pk).update)(heartbeat_at=now - timedelta(seconds=600))
+    await sync_to_async(Run.objects.filter(pk=alive.pk).update)(heartbeat_at=now - timedelta(seconds=5))
+    table = await watch(f"/ws/projects/{project.pk}/", member)
+    assert await sync_to_async(sweep_lost_runs)(lost_after=120) == [silent.pk]
+    message = await table.receive_json_from(timeout=TIMEOUT)
+    assert (message["run"], message["status"]) == (silent.pk, "lost")
+    assert "no word from worker gpu-2" in message["message"]
+    statuses = await sync_to_async(lambda: dict(Run.objects.values_list("pk", "status")))()
+    assert (statuses[alive.pk], statuses[queued.pk]) == (RunStatus.RUNNING, RunStatus.QUEUED)
