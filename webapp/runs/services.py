@@ -17,8 +17,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine.events import EVENT_TYPES
+from webapp.runs.bulk import PointRow, insert_metric_points
 from webapp.runs.choices import LogLevel, RunStatus
-from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, Sample
+from webapp.runs.models import Checkpoint, LogLine, Run, Sample
 
 ENGINE_STATES = ("starting", "running", "succeeded", "failed", "cancelled")
 MAX_NAME = 200
@@ -242,7 +243,7 @@ def _check_contiguous(last_seq: int, fresh: list[dict[str, Any]]) -> None:
 
 def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     now = timezone.now()
-    points: list[MetricPoint] = []
+    points: list[PointRow] = []
     samples: list[Sample] = []
     checkpoints: list[Checkpoint] = []
     logs: list[LogLine] = []
@@ -253,9 +254,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
         seq, kind = event["seq"], event["type"]
         if kind == "metrics":
             for name, value in event["values"].items():
-                points.append(
-                    MetricPoint(run=run, name=name, step=event["step"], value=value, time=event["time"], seq=seq)
-                )
+                points.append((run.pk, name, event["step"], value, event["time"], seq))
                 summary[name] = value
             last_step = max(last_step, event["step"])
         elif kind == "samples":
@@ -276,7 +275,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
 
     # ignore_conflicts: a row already stored (the same event under an older cursor, or a
     # resumed run recomputing a step) keeps its first value.
-    MetricPoint.objects.bulk_create(points, batch_size=2000, ignore_conflicts=True)
+    insert_metric_points(points)
     Sample.objects.bulk_create(samples, batch_size=500, ignore_conflicts=True)
     Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
     LogLine.objects.bulk_create(logs, batch_size=1000, ignore_conflicts=True)
