@@ -19,8 +19,8 @@ lint: install
 
 # The web app tests run twice: on SQLite with the in-memory channel layer (with the rest of the
 # suite), then on the machine's PostgreSQL and Redis (pytest-django creates and drops
-# test_tributary; Redis database 15 keeps test traffic apart; .ci/run starts both servers).
-TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/tributary
+# test_postgres; Redis database 15 keeps test traffic apart; .ci/run starts both servers).
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # The same data directory tests/conftest.py picks, set before pytest-django loads the settings
 # (which create a secret key there), so tests never write to the user's own data directory.

@@ -52,7 +52,7 @@ def broker_settings(environ: dict[str, str] | os._Environ[str] | None = None) ->
             "broker_transport_options": {"visibility_timeout": 30 * 24 * 3600},
         }
     folder = Path(env.get("TRIBUTARY_BROKER_DIR", "") or data_dir() / "broker")
-    for sub in ("queue", "processed"):
+    for sub in ("queue", "processed", "control"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     return {
         **common,
@@ -61,6 +61,8 @@ def broker_settings(environ: dict[str, str] | os._Environ[str] | None = None) ->
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            # Exchange bindings: else kombu writes them to ./control in the working directory.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
             "polling_interval": 0.1,
         },

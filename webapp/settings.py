@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "webapp.teams",
     "webapp.runs",
+    "webapp.api",
 ]
 
 MIDDLEWARE = [

@@ -3,6 +3,8 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
+from webapp.api.api import api
+
 
 def health(request: HttpRequest) -> JsonResponse:
     """Liveness for load balancers and the run command: the database answers a query."""
@@ -14,4 +16,5 @@ def health(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("health/", health, name="health"),
+    path("api/", api.urls),
 ]

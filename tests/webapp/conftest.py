@@ -6,12 +6,14 @@ Every test here runs against a real database: SQLite by default and PostgreSQL w
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import connection
 
+from webapp.runs.launch import validate_run_config
 from webapp.runs.models import Run
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Project, Team
@@ -70,11 +72,17 @@ def project(team: Team) -> Project:
     return Project.objects.create(team=team, name="GSM8K", slug="gsm8k")
 
 
+@functools.cache
+def _grpo_config() -> dict[str, Any]:
+    """The grpo preset as the engine validates it (what a launched run stores)."""
+    return validate_run_config({"preset": "grpo", "name": "grpo-baseline"})
+
+
 @pytest.fixture
 def make_run(project: Project, member: Any) -> Callable[..., Run]:
     def make(**fields: Any) -> Run:
         fields.setdefault("name", "grpo-baseline")
-        fields.setdefault("config", {"algorithm": {"name": "grpo"}})
+        fields.setdefault("config", _grpo_config())
         return Run.objects.create(project=project, created_by=member, **fields)
 
     return make
@@ -83,3 +91,45 @@ def make_run(project: Project, member: Any) -> Callable[..., Run]:
 @pytest.fixture
 def run(make_run: Callable[..., Run]) -> Run:
     return make_run()
+
+
+# --- API fixtures (tests/webapp/test_api_*.py) ------------------------------------------
+
+
+@pytest.fixture
+def client_for() -> Callable[..., Any]:
+    """``client_for(user)``: a test client logged in as ``user`` (anonymous for None)."""
+    from django.test import Client
+
+    def make(user: Any = None, **kwargs: Any) -> Client:
+        client = Client(**kwargs)
+        if user is not None:
+            client.force_login(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def token_for() -> Callable[[Any], str]:
+    """``token_for(user)``: the plaintext of a new personal API token of ``user``."""
+    from webapp.api.models import ApiToken
+
+    def make(user: Any) -> str:
+        return ApiToken.issue(user, "tests")[1]
+
+    return make
+
+
+@pytest.fixture
+def valid_config() -> dict[str, Any]:
+    """A full config as the engine validates it (what a launched run stores)."""
+    from webapp.runs.launch import validate_run_config
+
+    return validate_run_config({"name": "grpo-baseline", "trainer": {"total_steps": 50}})
+
+
+@pytest.fixture
+def api_run(make_run: Callable[..., Run], valid_config: dict[str, Any]) -> Run:
+    """A queued run of ``project`` with a valid config (so forks and resumes validate)."""
+    return make_run(config=valid_config, tags=["baseline"])

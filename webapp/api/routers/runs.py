@@ -1,0 +1,131 @@
+"""One run: read it, edit its name/tags/notes, cancel, resume, fork; its checkpoints and logs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Query, Router, Status
+from ninja.errors import ValidationError
+
+from webapp.api import queries
+from webapp.api.routers import READ, WRITE
+from webapp.api.schemas import CheckpointOut, ErrorOut, ForkIn, LogPage, ResumeIn, RunOut, RunPatchIn
+from webapp.runs.choices import LogLevel
+from webapp.runs.launch import RunConfigInvalid, fork_run, request_cancel, resume_run
+from webapp.runs.models import Checkpoint, Run
+from webapp.teams.access import role_in, run_for
+from webapp.teams.choices import Role
+
+router = Router(tags=["runs"])
+
+STATE: dict[int, Any] = {409: ErrorOut}
+
+AFTER_SEQ = Query(0, ge=0, description="Lines after this event seq (page on with next_after_seq).")
+LEVEL = Query(None, description="Only lines at this level or a more severe one.")
+LOG_LIMIT = Query(500, ge=1, le=5000)
+
+
+def _out(request: HttpRequest, run: Run) -> dict[str, Any]:
+    return queries.run_out(run, role_in(request.auth, run.project.team_id))
+
+
+@router.get("/runs/{run_id}", response={200: RunOut, **READ}, summary="A run (viewer)")
+def get_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """Status, timestamps, worker, lineage, config, summary and what the caller may do."""
+    return _out(request, run_for(request.auth, run_id, Role.VIEWER))
+
+
+@router.patch(
+    "/runs/{run_id}", response={200: RunOut, **WRITE}, summary="Rename, tag or annotate a run (member)"
+)
+def patch_run(request: HttpRequest, run_id: int, payload: RunPatchIn) -> dict[str, Any]:
+    """Only the fields given change (``name``, ``tags`` as the full new list, ``notes``)."""
+    run = run_for(request.auth, run_id, Role.MEMBER)
+    changes = payload.model_dump(exclude_unset=True, exclude_none=True)
+    if changes:
+        Run.objects.filter(pk=run.pk).update(**changes)
+    return _out(request, run)
+
+
+@router.post(
+    "/runs/{run_id}/cancel", response={200: RunOut, **WRITE, **STATE}, summary="Cancel a run (member)"
+)
+def cancel_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+    """A queued run is cancelled at once. A starting or running one keeps its status, with
+    ``cancel_requested_at`` set, until its worker has stopped the engine (which then reports
+    ``cancelled``). A run already finished is a 409."""
+    run = run_for(request.auth, run_id, Role.MEMBER)
+    username = request.auth.get_username()
+    return _out(request, request_cancel(run, f"cancelled by {username}"))
+
+
+@router.post(
+    "/runs/{run_id}/resume",
+    response={201: RunOut, **WRITE, **STATE},
+    summary="Resume from a checkpoint (member)",
+)
+def resume_from_checkpoint(request: HttpRequest, run_id: int, payload: ResumeIn) -> Status[dict[str, Any]]:
+    """A new child run that continues this one from a checkpoint (default: the latest).
+
+    The run must have stopped (409 otherwise, and when it wrote no checkpoint)."""
+    parent = run_for(request.auth, run_id, Role.MEMBER)
+    checkpoint = None
+    if payload.checkpoint_id is not None:
+        checkpoint = Checkpoint.objects.filter(pk=payload.checkpoint_id, run=parent).first()
+        if checkpoint is None:
+            raise ValidationError(
+                [
+                    {
+                        "type": "value_error",
+                        "loc": ["body", "payload", "checkpoint_id"],
+                        "msg": f"run {parent.pk} has no checkpoint {payload.checkpoint_id}: "
+                        f"see GET /api/runs/{parent.pk}/checkpoints",
+                    }
+                ]
+            )
+    child = resume_run(parent, request.auth, checkpoint, queue=payload.queue)
+    return Status(201, _out(request, child))
+
+
+@router.post(
+    "/runs/{run_id}/fork", response={201: RunOut, **WRITE}, summary="Fork with config changes (member)"
+)
+def fork_with_changes(request: HttpRequest, run_id: int, payload: ForkIn) -> Status[dict[str, Any]]:
+    """A new run from this run's config with ``changes`` merged in, started from step 0.
+
+    A merged config that does not validate is a 422 naming the fields under ``changes``."""
+    parent = run_for(request.auth, run_id, Role.MEMBER)
+    try:
+        child = fork_run(
+            parent, request.auth, payload.changes, name=payload.name.strip(), queue=payload.queue
+        )
+    except RunConfigInvalid as exc:
+        # The parent's config was valid, so a problem comes from the changes: name them.
+        raise RunConfigInvalid(
+            [
+                ("changes" + path.removeprefix("config"), msg) if path.startswith("config") else (path, msg)
+                for path, msg in exc.problems
+            ]
+        ) from None
+    return Status(201, _out(request, child))
+
+
+@router.get(
+    "/runs/{run_id}/checkpoints", response={200: list[CheckpointOut], **READ}, summary="A run's checkpoints"
+)
+def list_checkpoints(request: HttpRequest, run_id: int) -> list[dict[str, Any]]:
+    run = run_for(request.auth, run_id, Role.VIEWER)
+    return [queries.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
+
+
+@router.get("/runs/{run_id}/logs", response={200: LogPage, **READ}, summary="A run's log lines")
+def list_logs(
+    request: HttpRequest,
+    run_id: int,
+    after_seq: int = AFTER_SEQ,
+    level: LogLevel | None = LEVEL,
+    limit: int = LOG_LIMIT,
+) -> dict[str, Any]:
+    run = run_for(request.auth, run_id, Role.VIEWER)
+    return queries.log_page(run, after_seq, level, limit)

@@ -1,0 +1,149 @@
+"""Share links: a member makes a token that opens one run read-only, for anyone who holds it.
+
+``/api/runs/{id}/shares`` manages a run's links (member). ``/api/shared/{token}/...`` needs no
+login: the run, its metrics and its samples, nothing else; a revoked token is a 404.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from django.http import HttpRequest, StreamingHttpResponse
+from django.utils import timezone
+from ninja import Router, Status
+
+from webapp.api import queries
+from webapp.api.routers import WRITE
+from webapp.api.routers.data import (
+    AFTER_STEP,
+    CSV_DOC,
+    CSV_FORMAT,
+    LIMIT,
+    MAX_POINTS,
+    NAMES,
+    OFFSET,
+    SAMPLE_SORT,
+    SEARCH,
+    STEP,
+    X_AXIS,
+    SampleSort,
+    series_response,
+)
+from webapp.api.schemas import (
+    ErrorOut,
+    MetricNameOut,
+    RunOut,
+    SamplePage,
+    SampleStepOut,
+    SeriesSetOut,
+    ShareOut,
+)
+from webapp.runs.models import Run, ShareLink
+from webapp.teams.access import NotFound, run_for
+from webapp.teams.choices import Role
+
+router = Router(tags=["share links"])
+public_router = Router(tags=["shared (no login)"], auth=None)
+
+PUBLIC: dict[int, Any] = {404: ErrorOut}
+
+
+@router.get(
+    "/runs/{run_id}/shares", response={200: list[ShareOut], **WRITE}, summary="A run's share links (member)"
+)
+def list_shares(request: HttpRequest, run_id: int) -> list[dict[str, Any]]:
+    """Active and revoked links, newest first (member: a token is as good as a read-only login)."""
+    run = run_for(request.auth, run_id, Role.MEMBER)
+    return [queries.share_out(s) for s in run.share_links.select_related("created_by")]
+
+
+@router.post(
+    "/runs/{run_id}/shares", response={201: ShareOut, **WRITE}, summary="Create a share link (member)"
+)
+def create_share(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
+    run = run_for(request.auth, run_id, Role.MEMBER)
+    return Status(201, queries.share_out(ShareLink.create(run, request.auth)))
+
+
+@router.delete(
+    "/runs/{run_id}/shares/{share_id}", response={204: None, **WRITE}, summary="Revoke a share link (member)"
+)
+def revoke_share(request: HttpRequest, run_id: int, share_id: int) -> Status[None]:
+    """The link stops working at once; it stays listed as revoked."""
+    run = run_for(request.auth, run_id, Role.MEMBER)
+    link = ShareLink.objects.filter(pk=share_id, run=run).first()
+    if link is None:
+        raise NotFound(f"run {run.pk} has no share link {share_id}")
+    if link.revoked_at is None:
+        ShareLink.objects.filter(pk=link.pk, revoked_at=None).update(revoked_at=timezone.now())
+    return Status(204, None)
+
+
+def _shared(token: str) -> Run:
+    run = ShareLink.run_for_token(token)
+    if run is None:
+        raise NotFound("this share link does not exist or was revoked")
+    return run
+
+
+@public_router.get("/shared/{token}", response={200: RunOut, **PUBLIC}, summary="A shared run")
+def shared_run(request: HttpRequest, token: str) -> dict[str, Any]:
+    """The run a share link opens, read-only (the same fields as GET /api/runs/{id})."""
+    return queries.run_out(_shared(token), None)
+
+
+@public_router.get(
+    "/shared/{token}/metrics", response={200: list[MetricNameOut], **PUBLIC}, summary="Shared: metric names"
+)
+def shared_metrics(request: HttpRequest, token: str) -> list[dict[str, Any]]:
+    return queries.metric_names(_shared(token))
+
+
+@public_router.get(
+    "/shared/{token}/metrics/series", response={200: SeriesSetOut, **PUBLIC}, summary="Shared: metric series"
+)
+def shared_series(
+    request: HttpRequest,
+    token: str,
+    names: list[str] | None = NAMES,
+    max_points: int = MAX_POINTS,
+    after_step: int | None = AFTER_STEP,
+    x: Literal["step", "time"] = X_AXIS,
+) -> Any:
+    """As GET /api/runs/{id}/metrics/series."""
+    return series_response(_shared(token), names, max_points, after_step, x)
+
+
+@public_router.get(
+    "/shared/{token}/metrics.csv", response=PUBLIC, summary="Shared: metrics as CSV", openapi_extra=CSV_DOC
+)
+def shared_csv(
+    request: HttpRequest,
+    token: str,
+    format: Literal["wide", "long"] = CSV_FORMAT,
+    names: list[str] | None = NAMES,
+) -> StreamingHttpResponse:
+    return queries.metrics_csv(_shared(token), queries.split_names(names), format)
+
+
+@public_router.get("/shared/{token}/samples", response={200: SamplePage, **PUBLIC}, summary="Shared: samples")
+def shared_samples(
+    request: HttpRequest,
+    token: str,
+    step: str | None = STEP,
+    q: str = SEARCH,
+    sort: SampleSort = SAMPLE_SORT,
+    limit: int = LIMIT,
+    offset: int = OFFSET,
+) -> dict[str, Any]:
+    """As GET /api/runs/{id}/samples."""
+    return queries.sample_page(_shared(token), step=step, q=q.strip(), sort=sort, limit=limit, offset=offset)
+
+
+@public_router.get(
+    "/shared/{token}/samples/steps",
+    response={200: list[SampleStepOut], **PUBLIC},
+    summary="Shared: sample steps",
+)
+def shared_sample_steps(request: HttpRequest, token: str) -> list[dict[str, Any]]:
+    return queries.sample_steps(_shared(token))

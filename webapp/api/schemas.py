@@ -1,0 +1,368 @@
+"""Request and response bodies of the API (pydantic through ninja's ``Schema``)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from ninja import Schema
+from pydantic import Field, field_validator
+
+MAX_TAGS = 32
+MAX_TAG_LENGTH = 50
+SLUG = re.compile(r"^[a-z0-9]+(?:[-_][a-z0-9]+)*$")
+
+
+def clean_tags(tags: list[str]) -> list[str]:
+    """Tags stripped and de-duplicated (first one wins), each 1-50 characters, at most 32."""
+    out: list[str] = []
+    for tag in tags:
+        tag = tag.strip()
+        if not tag or len(tag) > MAX_TAG_LENGTH:
+            raise ValueError(f"each tag must be 1-{MAX_TAG_LENGTH} characters, got {tag!r}")
+        if tag not in out:
+            out.append(tag)
+    if len(out) > MAX_TAGS:
+        raise ValueError(f"at most {MAX_TAGS} tags, got {len(out)}")
+    return out
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+class ErrorOut(Schema):
+    detail: str = Field(description="What went wrong, and the fix where there is one.")
+
+
+class FieldError(Schema):
+    type: str = Field(description="Kind of problem (pydantic's error type, or 'config_invalid').")
+    loc: list[str | int] = Field(
+        description="Where: ['body', 'payload', 'config', 'rollout', 'n'], ['query', 'step']."
+    )
+    msg: str = Field(description="The problem and how to fix it.")
+
+
+class ValidationErrorOut(Schema):
+    detail: list[FieldError]
+
+
+# --- people, teams, tokens ---------------------------------------------------------------
+
+
+class TeamOut(Schema):
+    id: int
+    name: str
+    slug: str
+    role: str | None = Field(description="The caller's role in the team: viewer, member or admin.")
+    created_at: datetime
+
+
+class MemberOut(Schema):
+    user_id: int
+    username: str
+    role: str
+
+
+class TeamDetailOut(TeamOut):
+    members: list[MemberOut]
+
+
+class MeOut(Schema):
+    id: int
+    username: str
+    email: str
+    first_name: str
+    last_name: str
+    teams: list[TeamOut]
+
+
+class TokenIn(Schema):
+    name: str = Field(
+        min_length=1, max_length=100, description="What the token is for (a script, a machine)."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("must not be blank")
+        return value
+
+
+class TokenOut(Schema):
+    id: int
+    name: str
+    prefix: str = Field(description="The token's first characters, to tell tokens apart.")
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+    active: bool
+
+
+class TokenCreatedOut(TokenOut):
+    token: str = Field(description="The token itself. Shown this once: store it now.")
+
+
+# --- projects ----------------------------------------------------------------------------
+
+
+class TeamRef(Schema):
+    id: int
+    name: str
+    slug: str
+
+
+class ProjectIn(Schema):
+    name: str = Field(min_length=1, max_length=100)
+    slug: str = Field("", max_length=100, description="URL name; derived from the name when empty.")
+    description: str = Field("", max_length=10_000)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("must not be blank")
+        return value
+
+    @field_validator("slug")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value and not SLUG.match(value):
+            raise ValueError("use lowercase letters and digits separated by '-' or '_' (e.g. gsm8k-grpo)")
+        return value
+
+
+class ProjectOut(Schema):
+    id: int
+    team: TeamRef
+    name: str
+    slug: str
+    description: str
+    created_at: datetime
+    role: str | None = Field(description="The caller's role in the project's team.")
+    run_counts: dict[str, int] = Field(description="Number of runs by status.")
+
+
+# --- runs --------------------------------------------------------------------------------
+
+
+class ProjectRef(Schema):
+    id: int
+    name: str
+    slug: str
+    team: TeamRef
+
+
+class RunRef(Schema):
+    id: int
+    name: str
+    status: str
+
+
+class ChildRef(RunRef):
+    kind: str = Field(description="fork or resume")
+
+
+class CheckpointOut(Schema):
+    id: int
+    run_id: int
+    step: int
+    seq: int
+    path: str
+    bytes: int
+    created_at: datetime
+
+
+class Permissions(Schema):
+    edit: bool = Field(description="Rename, tag, write notes (member).")
+    cancel: bool = Field(description="Cancel: member, and the run is queued, starting or running.")
+    resume: bool = Field(description="Resume from a checkpoint: member, the run is final and has one.")
+    fork: bool = Field(description="Fork with config changes (member).")
+    share: bool = Field(description="Create and revoke share links (member).")
+
+
+class RunListItem(Schema):
+    id: int
+    name: str
+    project_id: int
+    status: str
+    status_badge: str
+    status_message: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    created_by: str | None = Field(description="Username of the run's creator.")
+    queue: str
+    tags: list[str]
+    last_step: int
+    parent_id: int | None
+    parent_kind: str
+    summary: dict[str, Any] = Field(description="Last value of each metric.")
+
+
+class RunOut(RunListItem):
+    project: ProjectRef
+    notes: str
+    config: dict[str, Any] = Field(description="The full validated engine config.")
+    heartbeat_at: datetime | None
+    worker_host: str
+    cancel_requested_at: datetime | None
+    is_final: bool
+    last_seq: int
+    parent: RunRef | None
+    resume_from: CheckpointOut | None
+    children: list[ChildRef]
+    checkpoint_count: int
+    role: str | None = Field(description="The caller's role in the run's team (null through a share link).")
+    permissions: Permissions
+
+
+class RunPage(Schema):
+    total: int = Field(description="Runs matching the filters, over all pages.")
+    limit: int
+    offset: int
+    items: list[RunListItem]
+
+
+class RunCreateIn(Schema):
+    name: str = Field("", max_length=200, description="Defaults to the config's name.")
+    config: Any = Field(
+        ...,
+        description="An engine RunConfig as an object (GET /api/schema); 'preset' applies a named preset "
+        "underneath the given values.",
+        json_schema_extra={"type": "object"},
+    )
+    queue: str = Field("cpu", max_length=64, description="Worker queue: cpu, gpu, ...")
+    tags: list[str] = Field(default_factory=list)
+    notes: str = Field("", max_length=100_000)
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: list[str]) -> list[str]:
+        return clean_tags(value)
+
+
+class RunPatchIn(Schema):
+    name: str | None = Field(None, min_length=1, max_length=200)
+    tags: list[str] | None = None
+    notes: str | None = Field(None, max_length=100_000)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None:
+            value = value.strip()
+            if not value:
+                raise ValueError("must not be blank")
+        return value
+
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else clean_tags(value)
+
+
+class ResumeIn(Schema):
+    checkpoint_id: int | None = Field(None, description="One of the run's checkpoints; default: its latest.")
+    queue: str = Field("", max_length=64, description="Default: the parent's queue.")
+
+
+class ForkIn(Schema):
+    name: str = Field("", max_length=200, description="Default: '<parent name>-fork'.")
+    changes: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Config changes merged into the parent's config (nested objects merge, anything "
+        "else replaces), e.g. {'algorithm': {'clip_ratio_high': 0.28}}.",
+    )
+    queue: str = Field("", max_length=64, description="Default: the parent's queue.")
+
+
+class LogLineOut(Schema):
+    seq: int
+    level: str
+    message: str
+    time: datetime
+
+
+class LogPage(Schema):
+    items: list[LogLineOut]
+    next_after_seq: int = Field(description="Pass as after_seq to get the lines after these.")
+    has_more: bool
+
+
+# --- metrics and samples -----------------------------------------------------------------
+
+
+class MetricNameOut(Schema):
+    name: str
+    count: int
+    first_step: int
+    last_step: int
+    last_value: float | None = Field(description="The value at the last step.")
+
+
+class SeriesOut(Schema):
+    name: str
+    total: int = Field(description="Points stored in the requested range (before downsampling).")
+    downsampled: bool
+    bucket_width: float | None = Field(
+        description="Steps (x=step) or seconds (x=time) per bucket when downsampled, else null."
+    )
+    step: list[int] = Field(description="Step of each point; for a bucket, its first step.")
+    value: list[float] = Field(description="Value of each point; for a bucket, the mean.")
+    time: list[float] = Field(description="Unix time (s) of each point; for a bucket, its first.")
+    min: list[float] | None = Field(description="Per-bucket minimum (downsampled only), for a band.")
+    max: list[float] | None = Field(description="Per-bucket maximum (downsampled only), for a band.")
+
+
+class SeriesSetOut(Schema):
+    run_id: int
+    x: str
+    max_points: int
+    series: list[SeriesOut]
+
+
+class SampleOut(Schema):
+    id: int
+    step: int
+    seq: int
+    index: int
+    prompt: str
+    completion: str
+    reward: float | None
+    advantage: float | None
+    length: int
+    finish_reason: str
+    extra: dict[str, Any]
+
+
+class SamplePage(Schema):
+    total: int
+    limit: int
+    offset: int
+    step: int | None = Field(description="The step shown (resolved when step=latest); null for all steps.")
+    items: list[SampleOut]
+
+
+class SampleStepOut(Schema):
+    step: int
+    count: int
+
+
+# --- share links -------------------------------------------------------------------------
+
+
+class ShareOut(Schema):
+    id: int
+    run_id: int
+    token: str
+    path: str = Field(description="The read-only page: /share/<token>/")
+    api_path: str = Field(description="The read-only API: /api/shared/<token>")
+    created_by: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+    active: bool
