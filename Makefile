@@ -3,6 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STEPS ?= 300
+PORT ?= 8000
 
 .PHONY: install test demo lint bench
 
@@ -30,8 +31,12 @@ test: install lint
 	$(PY) -m pytest -q
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q tests/webapp
 
+# The whole platform on this machine (manage.py serve): SQLite, the in-memory channel layer and a
+# file broker in the data directory (TRIBUTARY_DATA_DIR, default ~/.cache/tributary), the web
+# server and one worker. The first start creates the admin login and queues a DAPO demo run of
+# STEPS steps; later starts reuse the data. Ctrl-C stops the worker (the run checkpoints), then the web.
 demo: install
-	$(PY) -m engine run dapo --set trainer.total_steps=$(STEPS) --progress on
+	TRIBUTARY_DEMO_STEPS=$(STEPS) $(PY) manage.py serve --port $(PORT)
 
 bench: install
 	$(PY) bench/logprob_kernel.py

@@ -114,7 +114,12 @@ def execute(
         sink.close()
         raise
     if outcome_state == "cancelled":
-        sink.status("cancelled", f"stopped at step {step}; resume with --resume {run_dir}")
+        sink.status(
+            "cancelled",
+            f"stopped at step {step}; resume with --resume {run_dir}"
+            if step > 0
+            else "stopped before the first step: no checkpoint to resume from, start it again",
+        )
         code = EXIT_CANCELLED
     else:
         sink.status("succeeded", f"finished {step} steps")

@@ -1,0 +1,519 @@
+"""At-least-once shipping of a run's JSONL event log to the web app's ingest socket.
+
+One ``EventShipper`` per run, in its own thread, speaking ``jobs/protocol.py`` with a
+``websockets`` sync client:
+
+- It tails the engine's event log (``EventLog``): only lines ending with a newline count, so
+  a torn last line is shipped once the engine completed it; lines that are not JSON events
+  (the remains of a line torn by a crash) are skipped.
+- Stop-and-wait: one ``events`` batch (consecutive events after the last ack, at most
+  ``MAX_BATCH_EVENTS`` and under ``MAX_MESSAGE_BYTES``) at a time; the next batch starts
+  after the ``seq`` the web app acked. After a reconnect it starts after ``hello.last_seq``.
+  ``EventLog`` keeps a sparse seq -> byte offset index, so resending from any seq reads a
+  bounded stretch of the file, however long the run.
+- Any connection error, missing ack, or non-fatal close code: reconnect with exponential
+  backoff and jitter (``backoff_delay``), the backoff starting over after each ``hello``.
+  A close code in ``FATAL_CLOSE_CODES`` stops the shipper with ``ShipperFatal`` in
+  ``error``: reconnecting cannot help.
+- Each connection: ``hello`` first, then ``attach`` (on every connection, so a restarted web
+  app knows again which worker holds the run), then batches.
+- Tokens: ``hello`` and ``ack`` may carry a fresh token, used for the next connection.
+- ``ping`` when nothing was sent for ``ping_interval`` seconds; ``cancel`` (and a ``hello``)
+  go to the owner through callbacks called from the shipper thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
+from websockets.sync.client import ClientConnection, connect
+
+from jobs.protocol import FATAL_CLOSE_CODES, INGEST_PATH, MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES, PING_INTERVAL_S
+
+log = logging.getLogger(__name__)
+
+_BATCH_HEAD = b'{"type":"events","events":['
+_BATCH_TAIL = b"]}"
+# Room left under MAX_MESSAGE_BYTES for the envelope (the limit is strict: "<").
+_ENVELOPE = len(_BATCH_HEAD) + len(_BATCH_TAIL) + 64
+
+
+class ShipperFatal(RuntimeError):
+    """The web app refused this run for good (a close code in ``FATAL_CLOSE_CODES``, or a bad URL)."""
+
+    def __init__(self, code: int | None, reason: str) -> None:
+        self.code = code
+        self.reason = reason
+        super().__init__(f"ingest refused (close code {code}): {reason}" if code else reason)
+
+
+class _Reconnect(Exception):
+    """This connection is no longer useful (no ack in time, an unexpected message): reconnect."""
+
+
+@dataclass
+class Hello:
+    """The web app's first message on a connection (see ``jobs/protocol.py``)."""
+
+    last_seq: int
+    status: str
+    cancel: bool
+    token: str | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, msg: dict[str, Any]) -> Hello:
+        try:
+            last_seq = int(msg.get("last_seq") or 0)
+        except (TypeError, ValueError):
+            raise _Reconnect(f"hello with a bad last_seq: {msg.get('last_seq')!r}") from None
+        token = msg.get("token")
+        return cls(last_seq, str(msg.get("status") or ""), bool(msg.get("cancel")), token or None, msg)
+
+
+def ingest_url(web_url: str, run_id: int | str, token: str) -> str:
+    """``ws(s)://host[/prefix]/ws/ingest/<run>/?token=...`` from the web app's base URL (http(s) or ws(s))."""
+    parts = urlsplit(web_url.strip())
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
+    if scheme is None or not parts.netloc:
+        raise ShipperFatal(
+            None, f"the web app URL {web_url!r} is not an http(s):// or ws(s):// URL (set TRIBUTARY_WEB_URL)"
+        )
+    path = parts.path.rstrip("/") + INGEST_PATH.format(run_id=run_id)
+    return urlunsplit((scheme, parts.netloc, path, "token=" + quote(token, safe=""), ""))
+
+
+def backoff_delay(attempt: int, *, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """Exponential backoff with "equal jitter": uniform in [d/2, d], d = min(cap, base * 2**attempt).
+
+    Half the delay is certain, so delays never shrink from one attempt to the next until the
+    cap; the random half spreads the reconnects of many workers after a web app restart.
+    """
+    d = min(cap, base * (2 ** min(attempt, 32)))
+    return d / 2 + (rng or random).uniform(0, d / 2)
+
+
+def oversized_stand_in(seq: int, raw: bytes, run: Any, path: Path) -> bytes:
+    """A ``log`` event that keeps ``seq`` in the chain for an event too big for one message."""
+    kind = "?"
+    with contextlib.suppress(ValueError, AttributeError):
+        kind = str(json.loads(raw).get("type", "?"))
+    message = (
+        f"event {seq} ({kind}, {len(raw)} bytes) is larger than an ingest message may be "
+        f"({MAX_MESSAGE_BYTES} bytes) and was not shipped; it is in {path} on the worker"
+    )
+    event = {"run": run, "seq": seq, "type": "log", "level": "warning", "message": message}
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class EventLog:
+    """Reads consecutive complete events from a growing JSONL file, from any seq.
+
+    A cursor remembers where the last batch ended, so shipping in order reads each byte once;
+    a sparse index (one entry every ``index_every`` events: seq -> byte offset of its line)
+    makes resending from an older seq, after a reconnect, seek close to it.
+    """
+
+    def __init__(self, path: str | Path, *, index_every: int = 256) -> None:
+        self.path = Path(path)
+        self.index_every = index_every
+        self._fh: Any = None
+        self._index_seqs: list[int] = []
+        self._index_offsets: list[int] = []
+        self._scanned = 0  # bytes of complete lines already seen by the indexer
+        self._since_index = 0
+        self._cursor: tuple[int, int] | None = None  # (seq of the last event returned, offset after it)
+        self.run: Any = None  # the run id as written in the events (for stand-in events)
+
+    def _open(self) -> Any:
+        if self._fh is None and self.path.exists():
+            self._fh = self.path.open("rb")
+        return self._fh
+
+    def _note(self, offset: int, length: int, seq: int | None) -> None:
+        if offset < self._scanned:
+            return
+        self._scanned = offset + length
+        if seq is None:
+            return
+        if (not self._index_seqs or self._since_index >= self.index_every) and (
+            not self._index_seqs or seq > self._index_seqs[-1]
+        ):
+            self._index_seqs.append(seq)
+            self._index_offsets.append(offset)
+            self._since_index = 0
+        self._since_index += 1
+
+    def _start(self, after_seq: int) -> int:
+        if self._cursor is not None and self._cursor[0] == after_seq:
+            return self._cursor[1]
+        i = bisect.bisect_right(self._index_seqs, after_seq + 1) - 1
+        return self._index_offsets[i] if i >= 0 else 0
+
+    def read(
+        self, after_seq: int, *, max_events: int = MAX_BATCH_EVENTS, max_bytes: int = MAX_MESSAGE_BYTES
+    ) -> list[tuple[int, bytes]]:
+        """Up to ``max_events`` complete events with seq > ``after_seq``, in file order, whose
+        ``events`` message stays under ``max_bytes``: ``[(seq, raw JSON line), ...]``."""
+        fh = self._open()
+        if fh is None:
+            return []
+        out: list[tuple[int, bytes]] = []
+        size = _ENVELOPE
+        last = after_seq
+        fh.seek(self._start(after_seq))
+        while len(out) < max_events:
+            offset = fh.tell()
+            line = fh.readline()
+            if not line.endswith(b"\n"):
+                break  # end of file, or a line the engine has not finished writing
+            seq = _seq_of(line)
+            self._note(offset, len(line), seq)
+            if seq is None or seq <= last:
+                continue
+            raw = line.rstrip(b"\r\n")
+            if len(raw) + 1 + _ENVELOPE >= max_bytes:
+                if out:
+                    break  # it goes alone, as the first of the next batch
+                raw = oversized_stand_in(seq, raw, self.run, self.path)
+                log.warning("event %s of %s is larger than an ingest message; shipping a log event instead", seq, self.path)
+            if size + len(raw) + 1 >= max_bytes:
+                break
+            if self.run is None:
+                self.run = _run_of(raw)
+            out.append((seq, raw))
+            size += len(raw) + 1
+            last = seq
+            self._cursor = (seq, fh.tell())
+        return out
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _seq_of(line: bytes) -> int | None:
+    try:
+        event = json.loads(line)
+        seq = event["seq"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None
+
+
+def _run_of(raw: bytes) -> Any:
+    try:
+        return json.loads(raw).get("run")
+    except (ValueError, AttributeError):
+        return None
+
+
+HelloCallback = Callable[[Hello, bool], bool]
+CancelCallback = Callable[[str], None]
+
+
+class EventShipper:
+    """Ships ``events_path`` to ``<web_url>/ws/ingest/<run_id>/`` from a thread; see the module docstring.
+
+    ``on_hello(hello, first)`` is called for every ``hello``; returning False closes the socket
+    without ``attach`` and ends the shipper (the owner decided not to run). ``on_cancel(message)``
+    is called for every ``cancel`` message. Both run in the shipper thread.
+    """
+
+    def __init__(
+        self,
+        web_url: str,
+        run_id: int | str,
+        token: str,
+        events_path: str | Path,
+        *,
+        on_hello: HelloCallback | None = None,
+        on_cancel: CancelCallback | None = None,
+        attach: dict[str, Any] | None = None,
+        ping_interval: float = PING_INTERVAL_S,
+        poll_interval: float = 0.2,
+        ack_timeout: float = 120.0,
+        open_timeout: float = 10.0,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 10.0,
+        max_batch_events: int = MAX_BATCH_EVENTS,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.web_url = web_url
+        self.run_id = run_id
+        self.token = token
+        self.log = EventLog(events_path)
+        self.on_hello = on_hello
+        self.on_cancel = on_cancel
+        self.attach = attach if attach is not None else {"host": socket.gethostname(), "pid": os.getpid()}
+        self.ping_interval = ping_interval
+        self.poll_interval = poll_interval
+        self.ack_timeout = ack_timeout
+        self.open_timeout = open_timeout
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.max_batch_events = max_batch_events
+        self.max_message_bytes = max_message_bytes
+        self.rng = rng or random.Random()
+
+        self.acked_seq = 0  # the web app's cursor as last heard (hello.last_seq or an ack)
+        self.connections = 0  # connections that got as far as a hello
+        self.backoff_delays: list[float] = []  # every delay slept before a reconnect, in order
+        self.error: ShipperFatal | None = None
+        self.declined = False  # on_hello returned False
+        self.drained = False  # finish() was called and everything was acked
+        self.gave_up = False  # the drain timeout passed first
+        self.last_error_message = ""  # the last ``error`` message the web app sent
+        self.done = threading.Event()
+
+        self._stop = threading.Event()
+        self._finishing = threading.Event()
+        self._deadline: float | None = None
+        self._last_sent = 0.0
+        self._thread = threading.Thread(target=self._main, name=f"shipper-{run_id}", daemon=True)
+
+    # -- owner's side ----------------------------------------------------------------------
+
+    def start(self) -> EventShipper:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop now (close the socket), whatever is left to ship."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def finish(self, timeout: float) -> bool:
+        """The log is complete: ship what is left, then close. Gives up after ``timeout`` seconds
+        (the log stays on disk). Returns whether everything was acked."""
+        self._deadline = time.monotonic() + timeout
+        self._finishing.set()
+        self._thread.join(timeout + self.open_timeout + 10)
+        if self._thread.is_alive():
+            self.stop()
+        return self.drained
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        attempt = 0
+        try:
+            while not self._stop.is_set() and not self._gave_up():
+                before = self.connections
+                try:
+                    self._session()
+                    return
+                except ShipperFatal as exc:
+                    self.error = exc
+                    log.error("run %s: stopped shipping events: %s", self.run_id, exc)
+                    return
+                except (OSError, TimeoutError, WebSocketException, _Reconnect) as exc:
+                    code = _close_code(exc)
+                    if code in FATAL_CLOSE_CODES:
+                        reason = self.last_error_message or _close_reason(exc) or "no reason given"
+                        self.error = ShipperFatal(code, reason)
+                        log.error("run %s: stopped shipping events: %s", self.run_id, self.error)
+                        return
+                    if self._stop.is_set() or self._gave_up():
+                        return
+                    if self.connections > before:
+                        attempt = 0  # a hello came through: the next outage starts a new backoff
+                    delay = backoff_delay(attempt, base=self.backoff_base, cap=self.backoff_cap, rng=self.rng)
+                    attempt += 1
+                    self.backoff_delays.append(delay)
+                    log.warning(
+                        "run %s: ingest connection to %s lost (%s); reconnecting in %.1f s (attempt %d)",
+                        self.run_id, self.web_url, _describe(exc), delay, attempt,
+                    )
+                    self._stop.wait(min(delay, self._time_left()))
+                except Exception as exc:  # a bug: stop clearly rather than die silently
+                    log.exception("run %s: the shipper failed", self.run_id)
+                    self.error = ShipperFatal(None, f"the event shipper failed: {exc!r}")
+                    return
+        finally:
+            self.log.close()
+            self.done.set()
+
+    def _time_left(self) -> float:
+        return float("inf") if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def _gave_up(self) -> bool:
+        if self._deadline is None or time.monotonic() < self._deadline:
+            return False
+        if not self.gave_up:
+            self.gave_up = True
+            log.error(
+                "run %s: gave up shipping after the drain timeout; events after seq %d were not acked "
+                "and stay in %s",
+                self.run_id, self.acked_seq, self.log.path,
+            )
+        return True
+
+    def _session(self) -> None:
+        url = ingest_url(self.web_url, self.run_id, self.token)
+        try:
+            ws = connect(
+                url,
+                open_timeout=self.open_timeout,
+                close_timeout=5,
+                max_size=MAX_MESSAGE_BYTES,
+                legacy=True,
+            )
+        except InvalidURI as exc:
+            raise ShipperFatal(None, f"bad web app URL {self.web_url!r}: {exc}") from None
+        self.last_error_message = ""
+        with ws:
+            self._last_sent = time.monotonic()
+            hello = self._wait_hello(ws)
+            first = self.connections == 0
+            self.connections += 1
+            self.acked_seq = hello.last_seq
+            if self.on_hello is not None and not self.on_hello(hello, first):
+                self.declined = True
+                ws.close()
+                return
+            self._send(ws, {"type": "attach", **self.attach})
+            self._ship(ws)
+
+    def _ship(self, ws: ClientConnection) -> None:
+        while True:
+            if self._stop.is_set():
+                ws.close()
+                return
+            if self._gave_up():
+                ws.close()
+                return
+            batch = self.log.read(
+                self.acked_seq, max_events=self.max_batch_events, max_bytes=self.max_message_bytes
+            )
+            if batch:
+                message = _BATCH_HEAD + b",".join(raw for _, raw in batch) + _BATCH_TAIL
+                ws.send(message.decode("utf-8"))
+                self._last_sent = time.monotonic()
+                self._wait_ack(ws, batch[-1][0])
+            elif self._finishing.is_set():
+                self.drained = True
+                log.info("run %s: all events up to seq %d acked", self.run_id, self.acked_seq)
+                ws.close()
+                return
+            else:
+                self._idle(ws, self.poll_interval)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _send(self, ws: ClientConnection, message: dict[str, Any]) -> None:
+        ws.send(json.dumps(message, separators=(",", ":")))
+        self._last_sent = time.monotonic()
+
+    def _recv(self, ws: ClientConnection, timeout: float) -> dict[str, Any] | None:
+        try:
+            data = ws.recv(timeout=max(0.0, timeout))
+        except TimeoutError:
+            return None
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            raise _Reconnect(f"the web app sent something that is not JSON: {data[:200]!r}") from None
+        if not isinstance(msg, dict):
+            raise _Reconnect(f"the web app sent a non-object: {data[:200]!r}")
+        if msg.get("token"):
+            self.token = str(msg["token"])
+        return msg
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        if kind == "cancel":
+            log.info("run %s: the web app asks to cancel: %s", self.run_id, msg.get("message", ""))
+            if self.on_cancel is not None:
+                self.on_cancel(str(msg.get("message") or "cancelled"))
+        elif kind == "error":
+            self.last_error_message = str(msg.get("message") or "")
+            log.warning("run %s: the web app reports error %s: %s", self.run_id, msg.get("code"), msg.get("message"))
+        elif kind == "ack":
+            pass  # an ack while no batch is out: nothing to do
+        else:
+            log.warning("run %s: ignoring an unexpected %r message from the web app", self.run_id, kind)
+
+    def _ping_if_due(self, ws: ClientConnection) -> None:
+        if time.monotonic() - self._last_sent >= self.ping_interval:
+            self._send(ws, {"type": "ping"})
+
+    def _until_ping(self) -> float:
+        return max(0.0, self._last_sent + self.ping_interval - time.monotonic())
+
+    def _wait_hello(self, ws: ClientConnection) -> Hello:
+        deadline = time.monotonic() + max(self.open_timeout, 30.0)
+        while True:
+            left = min(deadline - time.monotonic(), self._time_left())
+            if left <= 0 or self._stop.is_set():
+                raise _Reconnect("no hello from the web app")
+            msg = self._recv(ws, left)
+            if msg is None:
+                continue
+            if msg.get("type") == "hello":
+                return Hello.parse(msg)
+            self._handle(msg)
+
+    def _wait_ack(self, ws: ClientConnection, seq: int) -> None:
+        deadline = time.monotonic() + self.ack_timeout
+        while True:
+            left = min(deadline - time.monotonic(), self._time_left())
+            if left <= 0 or self._stop.is_set():
+                raise _Reconnect(f"no ack for the batch up to seq {seq}")
+            msg = self._recv(ws, min(left, self._until_ping(), 1.0))
+            if msg is None:
+                self._ping_if_due(ws)
+                continue
+            if msg.get("type") == "ack":
+                try:
+                    self.acked_seq = int(msg["seq"])
+                except (KeyError, TypeError, ValueError):
+                    raise _Reconnect(f"an ack without a seq: {msg!r}") from None
+                return
+            self._handle(msg)
+
+    def _idle(self, ws: ClientConnection, seconds: float) -> None:
+        """Wait for the log to grow, answering the web app and pinging meanwhile."""
+        msg = self._recv(ws, min(seconds, self._until_ping()))
+        if msg is not None:
+            self._handle(msg)
+        self._ping_if_due(ws)
+
+
+def _close_code(exc: BaseException) -> int | None:
+    if isinstance(exc, ConnectionClosed) and exc.rcvd is not None:
+        return exc.rcvd.code
+    return None
+
+
+def _close_reason(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionClosed) and exc.rcvd is not None:
+        return exc.rcvd.reason
+    return ""
+
+
+def _describe(exc: BaseException) -> str:
+    code = _close_code(exc)
+    if code is not None:
+        reason = _close_reason(exc)
+        return f"closed with code {code}" + (f": {reason}" if reason else "")
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

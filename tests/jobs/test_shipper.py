@@ -1,0 +1,264 @@
+"""The at-least-once shipper against a real WebSocket server playing the web app (conftest.FakeIngest)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.events import EventSink
+from jobs.protocol import FATAL_CLOSE_CODES, MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
+from jobs.shipper import EventLog, EventShipper, backoff_delay, ingest_url
+
+from .conftest import FakeIngest, read_log, write_events
+
+RUN = 42
+
+
+def shipper_for(fake, path: Path, **options) -> EventShipper:
+    options.setdefault("backoff_base", 0.05)
+    options.setdefault("backoff_cap", 0.4)
+    options.setdefault("poll_interval", 0.05)
+    return EventShipper(fake.url, RUN, fake.valid_token, path, **options)
+
+
+def assert_exactly_once(fake, path: Path) -> None:
+    expected = read_log(path)
+    assert fake.events() == expected
+    assert all(fake.stored_count[e["seq"]] == 1 for e in expected)
+
+
+def test_ingest_url() -> None:
+    assert ingest_url("http://web:8000", 3, "a:b/c") == "ws://web:8000/ws/ingest/3/?token=a%3Ab%2Fc"
+    assert ingest_url("https://x.org/prefix/", 3, "t") == "wss://x.org/prefix/ws/ingest/3/?token=t"
+
+
+def test_ships_a_file_in_order_with_acks(fake_ingest, tmp_path: Path) -> None:
+    fake = fake_ingest(RUN)
+    path = tmp_path / "events.jsonl"
+    seqs = write_events(path, RUN, 1234)
+    shipper = shipper_for(fake, path).start()
+    assert shipper.finish(timeout=60)
+    assert shipper.error is None and shipper.acked_seq == seqs[-1]
+    assert_exactly_once(fake, path)
+    (conn,) = fake.conns
+    assert conn.attach and conn.attach[0]["pid"] > 0 and conn.attach[0]["host"]
+    assert len(conn.batches) >= 3 and all(len(b) <= MAX_BATCH_EVENTS for b in conn.batches)
+    flat = [s for b in conn.batches for s in b]
+    assert flat == seqs  # in order, consecutive, nothing sent twice
+
+
+def test_batches_stay_under_the_message_size_and_an_oversized_event_keeps_its_seq(
+    fake_ingest, tmp_path: Path
+) -> None:
+    fake = fake_ingest(RUN)
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 100, payload=6000)
+    sink = EventSink(str(RUN), path)
+    big = sink.samples(99, [{"prompt": "x", "completion": "y" * (MAX_MESSAGE_BYTES + 10)}])
+    after = sink.log("info", "after the big one")
+    sink.close()
+    shipper = shipper_for(fake, path, max_message_bytes=20_000).start()
+    assert shipper.finish(timeout=60)
+    stored = fake.events()
+    assert [e["seq"] for e in stored] == list(range(1, after + 1))
+    stand_in = fake.stored[big]
+    assert stand_in["type"] == "log" and "larger than an ingest message" in stand_in["message"]
+    assert str(path) in stand_in["message"]
+    (conn,) = fake.conns
+    assert max(conn.sizes) < 20_000 and len(conn.batches) > 5
+
+
+def test_web_app_crash_mid_stream_loses_nothing_and_stores_nothing_twice(fake_ingest, tmp_path: Path) -> None:
+    fake = fake_ingest(RUN)
+    # The second batch is stored but its ack is lost (the process dies); the web app is down a while.
+    fake.crash_after_batch = {2: 0.5, 5: 0.2}
+    fake.close_after_batch = {4: 1012}  # and a graceful restart ("service restart") in between
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 2600)
+    writer_done = threading.Event()
+
+    def keep_writing() -> None:  # the engine goes on writing while the web app restarts
+        for _ in range(20):
+            write_events(path, RUN, 25)
+        writer_done.set()
+
+    shipper = shipper_for(fake, path).start()
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    writer.join()
+    assert writer_done.is_set()
+    assert shipper.finish(timeout=60)
+    assert shipper.error is None
+    assert_exactly_once(fake, path)
+    assert len(read_log(path)) == 3100
+    assert len(fake.conns) == 4  # batches 2, 4 and 5 ended a connection
+    for conn in fake.conns[1:]:  # each reconnect resends from the hello's cursor, not before
+        assert conn.batches[0][0] == conn.hello["last_seq"] + 1
+    assert all(n == 1 for n in fake.received.values())  # the cursor in hello spared every resend
+
+
+def test_a_torn_last_line_is_sent_only_once_completed(fake_ingest, tmp_path: Path) -> None:
+    fake = fake_ingest(RUN)
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 3)
+    whole = json.dumps({"run": str(RUN), "seq": 4, "type": "log", "level": "info", "message": "torn"}) + "\n"
+    with path.open("a") as fh:
+        fh.write(whole[:25])
+    shipper = shipper_for(fake, path, ping_interval=0.05).start()
+    fake.wait_for(lambda f: f.last_seq == 3)
+    # Several pings after the ack: the shipper polled the file again and again meanwhile.
+    fake.wait_for(lambda f: f.conns[0].pings >= 5)
+    assert fake.last_seq == 3 and 4 not in fake.received
+    with path.open("a") as fh:
+        fh.write(whole[25:])
+    assert shipper.finish(timeout=30)
+    assert fake.stored[4]["message"] == "torn"
+    assert_exactly_once(fake, path)
+
+
+def test_lines_torn_by_a_crash_are_skipped(fake_ingest, tmp_path: Path) -> None:
+    fake = fake_ingest(RUN)
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 3)
+    with path.open("a") as fh:
+        fh.write('{"run":"42","seq":4,"type":"metr')  # the engine was killed mid-line
+    write_events(path, RUN, 2)  # EventSink starts a fresh line and continues after seq 3
+    shipper = shipper_for(fake, path).start()
+    assert shipper.finish(timeout=30)
+    assert sorted(fake.stored) == [1, 2, 3, 4, 5]
+    assert fake.stored[4]["type"] != "metr"
+
+
+@pytest.mark.parametrize("code", sorted(FATAL_CLOSE_CODES))
+def test_a_fatal_close_code_stops_the_shipper_with_a_clear_error(fake_ingest, tmp_path: Path, code: int) -> None:
+    fake = fake_ingest(RUN)
+    fake.refuse_with = code
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 5)
+    shipper = shipper_for(fake, path).start()
+    assert shipper.done.wait(30)
+    assert shipper.error is not None and shipper.error.code == code
+    assert f"close code {code}" in str(shipper.error) and "refused with" in str(shipper.error)
+    assert shipper.backoff_delays == [] and len(fake.refused) == 1  # no reconnect
+    assert fake.stored == {}
+
+
+def test_a_gap_is_refused_for_good(fake_ingest, tmp_path: Path) -> None:
+    fake = fake_ingest(RUN)  # the web app stored nothing, but this log starts at seq 11
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 5, start_seq=10)
+    shipper = shipper_for(fake, path).start()
+    assert shipper.done.wait(30)
+    assert shipper.error is not None and shipper.error.code == 4422 and "gap" in str(shipper.error)
+    assert fake.stored == {}
+
+
+def test_renewed_tokens_are_used_to_reconnect(fake_ingest, tmp_path: Path) -> None:
+    fake = fake_ingest(RUN)
+    fake.rotate_tokens = True  # every hello and ack carries a new token; older ones are refused (4401)
+    fake.close_after_batch = {1: 1012, 3: 1011}
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 2000)
+    shipper = shipper_for(fake, path).start()
+    assert shipper.finish(timeout=60)
+    assert shipper.error is None and fake.refused == []
+    assert len(fake.conns) == 3
+    assert [c.token for c in fake.conns] == ["tok-0", fake.conns[0].hello["token"], "tok-3"]
+    assert_exactly_once(fake, path)
+
+
+def test_cancel_reaches_the_callback_and_pings_flow_while_idle(fake_ingest, tmp_path: Path) -> None:
+    fake = fake_ingest(RUN)
+    fake.cancel_when = lambda f: f.last_seq >= 3
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 3)
+    cancels: list[str] = []
+    got = threading.Event()
+
+    def on_cancel(message: str) -> None:
+        cancels.append(message)
+        got.set()
+
+    shipper = shipper_for(fake, path, on_cancel=on_cancel, ping_interval=0.05).start()
+    assert got.wait(30)
+    assert cancels == ["cancelled by the test"]
+    fake.wait_for(lambda f: f.conns[0].pings >= 3)
+    shipper.stop()
+    assert shipper.done.is_set()
+
+
+def test_backoff_grows_to_its_cap_and_starts_over_after_a_hello(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port where nothing listens (yet)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 3)
+    shipper = EventShipper(
+        f"http://127.0.0.1:{port}", RUN, "tok-0", path, backoff_base=0.01, backoff_cap=0.16, poll_interval=0.05
+    ).start()
+    fake = FakeIngest(RUN)
+    fake.port = port
+    try:
+        wait_until(lambda: len(shipper.backoff_delays) >= 8)
+        delays = list(shipper.backoff_delays)
+        # Attempts 0-4 double the bound (0.01 ... 0.16 = the cap): with half of it certain, never shrinking.
+        assert all(b >= a for a, b in itertools.pairwise(delays[:5]))
+        assert delays[0] <= 0.01 and all(0.08 <= d <= 0.16 for d in delays[4:])
+        # The web app comes up on that port: the shipper connects; the next outage backs off from the start.
+        fake.start()
+        fake.wait_for(lambda f: f.last_seq == 3)
+        n = len(shipper.backoff_delays)
+        fake.crash()
+        wait_until(lambda: len(shipper.backoff_delays) > n)
+        assert shipper.backoff_delays[n] <= 0.01
+    finally:
+        shipper.stop()
+        fake.close()
+
+
+def wait_until(predicate, timeout: float = 30.0) -> None:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        done.wait(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_backoff_delay_formula() -> None:
+    rng = random.Random(0)
+    for attempt in range(12):
+        d = min(10.0, 0.5 * 2**attempt)
+        value = backoff_delay(attempt, base=0.5, cap=10.0, rng=rng)
+        assert d / 2 <= value <= d
+
+
+def test_event_log_resends_from_any_seq_through_its_index(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    seqs = write_events(path, RUN, 3000, start_seq=100)
+    log = EventLog(path, index_every=64)
+    got, after = [], 100
+    while batch := log.read(after, max_events=500):
+        got += [s for s, _ in batch]
+        after = batch[-1][0]
+    assert got == seqs
+    rng = random.Random(1)
+    lines = path.read_bytes().splitlines()
+    for after in [100, 101, 3099, 3100, *rng.sample(range(100, 3100), 20)]:
+        batch = log.read(after, max_events=7)
+        assert [s for s, _ in batch] == [s for s in seqs if s > after][:7]
+        assert [raw for _, raw in batch] == lines[after - 100 : after - 100 + len(batch)]
+    # Resending from an old seq seeks to an index entry at or before it, not to the top of the file.
+    assert len(log._index_seqs) >= 3000 // 64
+    assert 0 < log._start(2000) <= lines_offset(path, 2000 - 100)
+    log.close()
+
+
+def lines_offset(path: Path, index: int) -> int:
+    return sum(len(line) for line in path.read_bytes().splitlines(keepends=True)[:index])
