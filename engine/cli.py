@@ -39,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (or a run dir: its latest)")
     p.add_argument("--run-id", help="the run id written into every event (default: random)")
     p.add_argument(
-        "--start-seq", type=int, default=0, metavar="N", help="number events after N (a consumer's stored cursor)"
+        "--start-seq",
+        type=int,
+        default=None,
+        metavar="N",
+        help="number events after N (a consumer's stored cursor; default: after the checkpoint's)",
     )
     p.add_argument("--progress", choices=["auto", "on", "off"], help="progress bar (default: logging.progress)")
 

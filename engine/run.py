@@ -81,13 +81,14 @@ def execute(
     resume: str | None = None,
     show_progress: bool | None = None,
     run_id: str | None = None,
-    start_seq: int = 0,
+    start_seq: int | None = None,
 ) -> int:
     """Run training to the end (or to a cancel signal); returns an ``EXIT_*`` code.
 
-    Event numbering continues after the largest of ``start_seq`` (what a consumer already
-    stored, e.g. the web app's cursor), the checkpoint's last seq, and the event file's last
-    seq, so a resumed run never reuses a number whichever log it writes to.
+    Event numbering continues after ``start_seq`` when a consumer states its stored cursor
+    (the web app's, for a run it tracks; a resume there is a new run with its own numbering),
+    else after the checkpoint's last seq (a resume from the command line, appending to the
+    same log); and always after the event file's last seq, so no log reuses a number.
     """
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +97,7 @@ def execute(
     sink = EventSink(
         run_id or (state.extra.get("run_id") if state else None) or uuid.uuid4().hex[:12],
         events if events is not None else run_dir / "events.jsonl",
-        start_seq=max(start_seq, state.last_seq if state else 0),
+        start_seq=start_seq if start_seq is not None else (state.last_seq if state else 0),
     )
     if show_progress is None:
         show_progress = cfg.logging.progress == "on" or (cfg.logging.progress == "auto" and sys.stderr.isatty())

@@ -1,7 +1,9 @@
 """The ingest socket protocol between a worker's run supervisor and the web app.
 
-The worker connects to ``ws(s)://<web>/ws/ingest/<run id>/?token=<ingest token>``; the token
-is signed by the web app when it queues the run (scoped to that run, expiring, renewed over
+The worker connects to ``ws(s)://<web>/ws/ingest/<run id>/`` with the header
+``Authorization: Bearer <ingest token>`` (a ``?token=`` query parameter is accepted too, for
+clients that cannot set headers; a header keeps the token out of access logs). The token is
+signed by the web app when it queues the run (scoped to that run, expiring, renewed over
 the socket). Every message is one JSON object with a ``type``. Plain module: both sides
 import it, and the worker side runs without Django.
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
 from websockets.sync.client import ClientConnection, connect
@@ -85,8 +85,11 @@ class Hello:
         return cls(last_seq, str(msg.get("status") or ""), bool(msg.get("cancel")), token or None, msg)
 
 
-def ingest_url(web_url: str, run_id: int | str, token: str) -> str:
-    """``ws(s)://host[/prefix]/ws/ingest/<run>/?token=...`` from the web app's base URL (http(s) or ws(s))."""
+def ingest_url(web_url: str, run_id: int | str) -> str:
+    """``ws(s)://host[/prefix]/ws/ingest/<run>/`` from the web app's base URL (http(s) or ws(s)).
+
+    The token travels in the ``Authorization`` header, not the URL, so access logs of the
+    web server and proxies never record it."""
     parts = urlsplit(web_url.strip())
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
     if scheme is None or not parts.netloc:
@@ -94,7 +97,7 @@ def ingest_url(web_url: str, run_id: int | str, token: str) -> str:
             None, f"the web app URL {web_url!r} is not an http(s):// or ws(s):// URL (set TRIBUTARY_WEB_URL)"
         )
     path = parts.path.rstrip("/") + INGEST_PATH.format(run_id=run_id)
-    return urlunsplit((scheme, parts.netloc, path, "token=" + quote(token, safe=""), ""))
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
 
 
 def backoff_delay(attempt: int, *, base: float, cap: float, rng: random.Random | None = None) -> float:
@@ -246,7 +249,7 @@ class EventShipper:
         on_cancel: CancelCallback | None = None,
         attach: dict[str, Any] | None = None,
         ping_interval: float = PING_INTERVAL_S,
-        poll_interval: float = 0.2,
+        poll_interval: float = 0.05,
         ack_timeout: float = 120.0,
         open_timeout: float = 10.0,
         backoff_base: float = 0.5,
@@ -369,10 +372,11 @@ class EventShipper:
         return True
 
     def _session(self) -> None:
-        url = ingest_url(self.web_url, self.run_id, self.token)
+        url = ingest_url(self.web_url, self.run_id)
         try:
             ws = connect(
                 url,
+                additional_headers={"Authorization": f"Bearer {self.token}"},
                 open_timeout=self.open_timeout,
                 close_timeout=5,
                 max_size=MAX_MESSAGE_BYTES,

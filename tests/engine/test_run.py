@@ -84,9 +84,9 @@ def test_run_writes_the_protocol_and_resume_is_exact(tiny_model_dir: Path, tmp_p
     assert execute(resumed_cfg, resume=str(ckpt)) == EXIT_SUCCEEDED
     resumed = read_events(tmp_path / "b" / "events.jsonl")
     assert resumed[0]["seq"] > checkpoints[0]["seq"]  # seq continues after the checkpoint's
-    # A consumer that already stored more (the straight run's whole log) can ask to continue after it.
-    assert execute(resumed_cfg, resume=str(ckpt), events=str(tmp_path / "c.jsonl"), start_seq=seqs[-1]) == 0
-    assert read_events(tmp_path / "c.jsonl")[0]["seq"] == seqs[-1] + 1
+    # A consumer states its own cursor: the web app's resumed run is a new run numbered from 1.
+    assert execute(resumed_cfg, resume=str(ckpt), events=str(tmp_path / "c.jsonl"), start_seq=0) == 0
+    assert read_events(tmp_path / "c.jsonl")[0]["seq"] == 1
     again = metrics_by_step(resumed)
     assert sorted(again) == [3, 4]
     for s in (3, 4):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -176,7 +176,8 @@ class FakeIngest:
 
     async def _handler(self, ws: ServerConnection) -> None:
         parts = urlsplit(ws.request.path)
-        token = parse_qs(parts.query).get("token", [""])[0]
+        auth = ws.request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else ""
         if parts.path != f"/ws/ingest/{self.run_id}/":
             await self._refuse(ws, token, CLOSE_NO_RUN, f"no run at {parts.path}")
             return

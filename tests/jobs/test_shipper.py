@@ -34,8 +34,8 @@ def assert_exactly_once(fake, path: Path) -> None:
 
 
 def test_ingest_url() -> None:
-    assert ingest_url("http://web:8000", 3, "a:b/c") == "ws://web:8000/ws/ingest/3/?token=a%3Ab%2Fc"
-    assert ingest_url("https://x.org/prefix/", 3, "t") == "wss://x.org/prefix/ws/ingest/3/?token=t"
+    assert ingest_url("http://web:8000", 3) == "ws://web:8000/ws/ingest/3/"
+    assert ingest_url("https://x.org/prefix/", 3) == "wss://x.org/prefix/ws/ingest/3/"
 
 
 def test_ships_a_file_in_order_with_acks(fake_ingest, tmp_path: Path) -> None:

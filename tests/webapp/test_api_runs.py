@@ -132,18 +132,10 @@ def test_unparseable_body_is_400(as_member: Client, project: Project) -> None:
     assert response.status_code == 400
 
 
-def test_launch_sends_the_supervisor_task_to_the_broker(
-    as_member: Client, project: Project, django_capture_on_commit_callbacks: Any
-) -> None:
-    """Read back through kombu what the broker got: the filesystem transport on the SQLite
-    pass, Redis on the PostgreSQL pass (``REDIS_URL``)."""
+def sent_task(queue: str) -> tuple[list[Any], dict[str, Any]]:
+    """The one supervisor task waiting in ``queue``, taken off the broker."""
     from jobs.app import SUPERVISE_TASK, app
 
-    queue = f"apitest-{timezone.now().timestamp():.0f}"
-    with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        response = launch(as_member, project, {"config": {"trainer": {"total_steps": 7}}, "queue": queue})
-    assert response.status_code == 201
-    assert callbacks, "the task is sent once the transaction commits"
     with app.connection_for_read() as connection, connection.SimpleQueue(queue) as broker_queue:
         message = broker_queue.get(timeout=10)
         message.ack()
@@ -151,6 +143,20 @@ def test_launch_sends_the_supervisor_task_to_the_broker(
             broker_queue.get(timeout=0.5)
     assert message.headers["task"] == SUPERVISE_TASK
     args, kwargs, _ = message.payload
+    return args, kwargs
+
+
+def test_launch_sends_the_supervisor_task_to_the_broker(
+    as_member: Client, project: Project, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Read back through kombu what the broker got: the filesystem transport on the SQLite
+    pass, Redis on the PostgreSQL pass (``REDIS_URL``)."""
+    queue = f"apitest-{timezone.now().timestamp():.0f}"
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        response = launch(as_member, project, {"config": {"trainer": {"total_steps": 7}}, "queue": queue})
+    assert response.status_code == 201
+    assert callbacks, "the task is sent once the transaction commits"
+    args, kwargs = sent_task(queue)
     run = Run.objects.get(pk=response.json()["id"])
     assert args == []
     assert kwargs["run_id"] == run.pk
@@ -356,11 +362,28 @@ def test_resume_picks_the_latest_checkpoint(crashed: Run, as_member: Client, mem
     child = Run.objects.get(pk=body["id"])
     latest = crashed.checkpoints.get(step=28)
     assert child.resume_from == latest and body["resume_from"]["id"] == latest.pk
-    assert (child.last_seq, child.last_step) == (110, 28)  # continues after the checkpoint's event
+    assert (child.last_seq, child.last_step) == (0, 28)  # its own numbering; series after the step
     assert child.parent == crashed and child.parent_kind == ParentKind.RESUME
     assert (child.queue, child.tags, child.config) == ("gpu", ["long"], crashed.config)
     assert child.status == RunStatus.QUEUED and child.created_by == member
     assert body["parent"]["id"] == crashed.pk
+
+
+@pytest.mark.parametrize("chosen", [False, True])
+def test_resume_tells_the_worker_where_to_resume_from(
+    crashed: Run, as_member: Client, chosen: bool, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Chosen: that checkpoint. Default: the parent's checkpoint directory, where the engine
+    takes the newest (possibly newer than any the web app heard of)."""
+    queue = f"resumetest-{int(chosen)}-{timezone.now().timestamp():.0f}"
+    ckpt = crashed.checkpoints.get(step=10)
+    body = {"queue": queue, **({"checkpoint_id": ckpt.pk} if chosen else {})}
+    with django_capture_on_commit_callbacks(execute=True):
+        response = as_member.post(f"/api/runs/{crashed.pk}/resume", body, content_type=JSON)
+    assert response.status_code == 201, response.content
+    _, kwargs = sent_task(queue)
+    assert kwargs["resume_path"] == ("runs/crashed/ckpt-10" if chosen else "runs/crashed")
+    assert kwargs["start_seq"] == 0
 
 
 def test_resume_from_a_chosen_checkpoint_on_another_queue(crashed: Run, as_member: Client) -> None:
@@ -369,7 +392,7 @@ def test_resume_from_a_chosen_checkpoint_on_another_queue(crashed: Run, as_membe
         f"/api/runs/{crashed.pk}/resume", {"checkpoint_id": ckpt.pk, "queue": "cpu"}, content_type=JSON
     ).json()
     child = Run.objects.get(pk=body["id"])
-    assert (child.resume_from, child.last_seq, child.last_step, child.queue) == (ckpt, 40, 10, "cpu")
+    assert (child.resume_from, child.last_seq, child.last_step, child.queue) == (ckpt, 0, 10, "cpu")
 
 
 def test_resume_refusals(

@@ -66,7 +66,9 @@ async def connections() -> AsyncIterator[list[WebsocketCommunicator]]:
 def ingest(connections: list[WebsocketCommunicator]) -> Callable[..., Any]:
     async def open_ingest(run_id: int, token: str | None = None) -> tuple[WebsocketCommunicator, dict[str, Any]]:
         token = ingest_token(run_id) if token is None else token
-        comm = WebsocketCommunicator(application, f"/ws/ingest/{run_id}/?token={token}")
+        comm = WebsocketCommunicator(
+            application, f"/ws/ingest/{run_id}/", headers=[(b"authorization", f"Bearer {token}".encode())]
+        )
         connections.append(comm)
         connected, _ = await comm.connect(timeout=TIMEOUT)
         assert connected
@@ -103,11 +105,15 @@ async def closed_with(comm: WebsocketCommunicator) -> tuple[int, str]:
 
 
 async def received_seqs(comm: WebsocketCommunicator, until_seq: int) -> list[int]:
+    """The seqs of the events received until the socket's cursor reaches ``until_seq``."""
     seqs: list[int] = []
-    while not seqs or seqs[-1] < until_seq:
+    cursor = 0
+    while cursor < until_seq:
         message = await comm.receive_json_from(timeout=TIMEOUT)
         if message["type"] == "events":
             seqs.extend(e["seq"] for e in message["events"])
+            assert message["last_seq"] >= max(seqs, default=0) and message["last_seq"] > cursor
+            cursor = message["last_seq"]
     return seqs
 
 
@@ -159,6 +165,13 @@ async def test_ingest_refuses_bad_tokens(connections, run, make_run, token, code
     connections.append(comm)
     await comm.connect(timeout=TIMEOUT)
     assert (got := await closed_with(comm))[0] == code and says in got[1]
+
+
+async def test_ingest_takes_the_token_from_the_query_too(connections, run) -> None:
+    comm = WebsocketCommunicator(application, f"/ws/ingest/{run.pk}/?token={ingest_token(run.pk)}")
+    connections.append(comm)
+    await comm.connect(timeout=TIMEOUT)
+    assert (await comm.receive_json_from(timeout=TIMEOUT))["type"] == "hello"
 
 
 async def test_ingest_refuses_a_run_that_does_not_exist(connections) -> None:

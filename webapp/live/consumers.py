@@ -1,9 +1,10 @@
 """The three sockets of the web app.
 
-- ``IngestConsumer`` (``/ws/ingest/<run>/?token=``): a worker ships one run's engine events
+- ``IngestConsumer`` (``/ws/ingest/<run>/``, ``Authorization: Bearer <token>``): a worker ships one run's engine events
   (protocol in ``jobs/protocol.py``). Events are stored first, acknowledged, then fanned out.
 - ``RunConsumer`` (``/ws/runs/<run>/?after_seq=N[&share=T]``): a browser follows one run:
   stored events after N are replayed, then live ones follow, with no gap and no duplicate.
+  Every ``events`` message carries ``last_seq``, the cursor to reconnect with.
 - ``ProjectConsumer`` (``/ws/projects/<project>/``): status changes of a project's runs.
 
 Channel layers drop messages for a consumer that falls behind; every fan-out message says
@@ -53,6 +54,14 @@ def _query(scope: dict[str, Any]) -> dict[str, str]:
     return {key: values[-1] for key, values in raw.items()}
 
 
+def _bearer(scope: dict[str, Any]) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            kind, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if kind.lower() == "bearer" else ""
+    return ""
+
+
 class _JsonSocket(AsyncWebsocketConsumer):
     closed = False
 
@@ -83,7 +92,7 @@ class IngestConsumer(_JsonSocket):
     async def connect(self) -> None:
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         try:
-            check_ingest_token(_query(self.scope).get("token", ""), self.run_id)
+            check_ingest_token(_bearer(self.scope) or _query(self.scope).get("token", ""), self.run_id)
         except TokenRejected as exc:
             await self.refuse(exc.code, str(exc))
             return
@@ -246,17 +255,21 @@ class RunConsumer(_JsonSocket):
         if upto_seq <= self.cursor:
             return
         chunks = await database_sync_to_async(lambda: list(stored_events(self.run_id, self.cursor, upto_seq)))()
-        for events in chunks:
-            await self.send_message({"type": "events", "events": events})
+        for events in chunks[:-1]:
+            await self.send_message({"type": "events", "events": events, "last_seq": events[-1]["seq"]})
+        # The last message carries the cursor to reconnect with, even when the tail holds only
+        # status and heartbeat events (not stored as rows, so not replayed).
+        await self.send_message({"type": "events", "events": chunks[-1] if chunks else [], "last_seq": upto_seq})
         self.cursor = upto_seq
 
     async def run_events(self, message: dict[str, Any]) -> None:
         if message["from_seq"] > self.cursor + 1:
             await self._catch_up(message["from_seq"] - 1)
+        if message["last_seq"] <= self.cursor:
+            return
         fresh = [e for e in message["events"] if e["seq"] > self.cursor]
-        if fresh:
-            await self.send_message({"type": "events", "events": fresh})
-        self.cursor = max(self.cursor, message["last_seq"])
+        self.cursor = message["last_seq"]
+        await self.send_message({"type": "events", "events": fresh, "last_seq": self.cursor})
 
     async def run_status(self, message: dict[str, Any]) -> None:
         # The end of a run is the moment to notice events the layer dropped at its tail (no

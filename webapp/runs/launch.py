@@ -9,6 +9,7 @@ over the ingest socket, never through the database.
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any
 
 from django.db import transaction
@@ -69,8 +70,11 @@ def create_run(
     parent: Run | None = None,
     parent_kind: str = "",
     resume_from: Checkpoint | None = None,
+    resume_path: str | None = None,
 ) -> Run:
-    """Validate, store and queue a run; the task is sent after the transaction commits."""
+    """Validate, store and queue a run; the task is sent after the transaction commits.
+
+    ``resume_path`` overrides where the engine resumes from (default: ``resume_from.path``)."""
     validated = validate_run_config(config)
     queue = _check_queue(queue)
     name = (name or validated.get("name") or "run").strip()[:200]
@@ -86,16 +90,14 @@ def create_run(
             parent=parent,
             parent_kind=parent_kind,
             resume_from=resume_from,
-            # A resume continues its parent's event numbering after the checkpoint's seq, and
-            # its series after the checkpoint's step.
-            last_seq=resume_from.seq if resume_from else 0,
+            # A resume numbers its own events from 1; its series continue after the step.
             last_step=resume_from.step if resume_from else 0,
         )
-        transaction.on_commit(lambda: queue_run(run))
+        transaction.on_commit(lambda: queue_run(run, resume_path=resume_path))
     return run
 
 
-def queue_run(run: Run) -> None:
+def queue_run(run: Run, *, resume_path: str | None = None) -> None:
     """Send the supervisor task for ``run`` to its queue, with a fresh ingest token."""
     from jobs.app import app
 
@@ -106,7 +108,7 @@ def queue_run(run: Run) -> None:
             "config": run.config,
             "token": ingest_token(run.pk),
             "start_seq": run.last_seq,
-            "resume_path": run.resume_from.path if run.resume_from else None,
+            "resume_path": resume_path or (run.resume_from.path if run.resume_from else None),
         },
         queue=run.queue,
     )
@@ -153,19 +155,25 @@ def fork_run(
 
 
 def resume_run(parent: Run, user: Any, checkpoint: Checkpoint | None = None, *, queue: str = "") -> Run:
-    """A new child run that continues ``parent`` from ``checkpoint`` (default: its latest).
+    """A new child run that continues ``parent`` from ``checkpoint``, or by default from the
+    newest checkpoint in the parent's checkpoint directory.
 
-    The parent must have stopped (failed, cancelled, lost or succeeded). Checkpoint paths are
-    on the worker that wrote them: resuming on another machine needs the runs directory on
-    shared storage (``TRIBUTARY_RUNS_DIR``).
+    The default looks on the worker's disk, not only at what the web app stored: a worker
+    that went silent may have written checkpoints whose events never arrived (its engine
+    checkpoints when the worker dies), and ``checkpoint.keep_last`` may already have pruned
+    the newest one the web app knows. The parent must have stopped (failed, cancelled, lost
+    or succeeded). Checkpoint paths are on the worker that wrote them: resuming on another
+    machine needs the runs directory on shared storage (``TRIBUTARY_RUNS_DIR``).
     """
     parent.refresh_from_db()
     if RunStatus(parent.status) not in FINAL_STATUSES:
         raise CannotResume(f"run {parent.pk} is {parent.status}: cancel it first, then resume")
+    resume_path = None
     if checkpoint is None:
         checkpoint = parent.checkpoints.order_by("-step", "-seq").first()
         if checkpoint is None:
             raise CannotResume(f"run {parent.pk} wrote no checkpoint; fork it to start again from step 0")
+        resume_path = str(PurePosixPath(checkpoint.path).parent)  # the engine takes the newest there
     elif checkpoint.run_id != parent.pk:
         raise CannotResume(f"checkpoint {checkpoint.pk} is not one of run {parent.pk}'s")
     return create_run(
@@ -179,5 +187,6 @@ def resume_run(parent: Run, user: Any, checkpoint: Checkpoint | None = None, *, 
         parent=parent,
         parent_kind=ParentKind.RESUME,
         resume_from=checkpoint,
+        resume_path=resume_path,
     )
 

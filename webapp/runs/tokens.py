@@ -31,7 +31,7 @@ def ingest_token(run_id: int) -> str:
 def check_ingest_token(token: str, run_id: int) -> None:
     """Raise ``TokenRejected`` unless ``token`` is a live token for ``run_id``."""
     if not token:
-        raise TokenRejected(CLOSE_BAD_TOKEN, "no token: pass ?token=<the run's ingest token>")
+        raise TokenRejected(CLOSE_BAD_TOKEN, "no token: send the header Authorization: Bearer <the run's ingest token>")
     try:
         payload = signing.TimestampSigner(salt=_SALT).unsign_object(
             token, max_age=settings.INGEST_TOKEN_MAX_AGE
