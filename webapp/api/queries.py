@@ -454,19 +454,7 @@ def sample_page(run: Run, *, step: str | None, q: str, sort: str, limit: int, of
         qs = qs.filter(Q(prompt__icontains=q) | Q(completion__icontains=q))
     total = qs.count()
     items = [
-        {
-            "id": s.pk,
-            "step": s.step,
-            "seq": s.seq,
-            "index": s.index,
-            "prompt": s.prompt,
-            "completion": s.completion,
-            "reward": s.reward,
-            "advantage": s.advantage,
-            "length": s.length,
-            "finish_reason": s.finish_reason,
-            "extra": s.extra,
-        }
+        {"id": s.pk, "step": s.step, "seq": s.seq, "index": s.index, **s.item()}
         for s in qs.order_by(*SAMPLE_SORTS[sort])[offset : offset + limit]
     ]
     return {"total": total, "limit": limit, "offset": offset, "step": wanted, "items": items}

@@ -48,7 +48,7 @@ def _events_between(run_id: int, low: int, high: int) -> list[dict[str, Any]]:
     samples = Sample.objects.filter(**window).order_by("seq", "index")
     for seq, items in groupby(samples, key=lambda s: s.seq):
         items = list(items)
-        events.append({"seq": seq, "type": "samples", "step": items[0].step, "items": [_sample(s) for s in items]})
+        events.append({"seq": seq, "type": "samples", "step": items[0].step, "items": [s.item() for s in items]})
     for ckpt in Checkpoint.objects.filter(**window):
         events.append({"seq": ckpt.seq, "type": "checkpoint", "step": ckpt.step, "path": ckpt.path, "bytes": ckpt.bytes})
     for line in LogLine.objects.filter(**window):
@@ -56,14 +56,3 @@ def _events_between(run_id: int, low: int, high: int) -> list[dict[str, Any]]:
     events.sort(key=lambda e: e["seq"])
     return events
 
-
-def _sample(s: Sample) -> dict[str, Any]:
-    return {
-        "prompt": s.prompt,
-        "completion": s.completion,
-        "reward": s.reward,
-        "advantage": s.advantage,
-        "length": s.length,
-        "finish_reason": s.finish_reason,
-        "extra": s.extra,
-    }

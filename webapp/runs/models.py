@@ -198,6 +198,18 @@ class Sample(models.Model):
             models.Index(fields=["run", "length"], name="sample_run_length"),
         ]
 
+    def item(self) -> dict[str, Any]:
+        """The rollout as an item of the event protocol's ``samples`` event."""
+        return {
+            "prompt": self.prompt,
+            "completion": self.completion,
+            "reward": self.reward,
+            "advantage": self.advantage,
+            "length": self.length,
+            "finish_reason": self.finish_reason,
+            "extra": self.extra,
+        }
+
 
 class Checkpoint(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
