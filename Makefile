@@ -7,12 +7,17 @@ PORT ?= 8000
 
 .PHONY: install test demo lint bench
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed node_modules/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+# The pages' JavaScript libraries (uPlot, htmx), exactly as package-lock.json pins them.
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 lint: install

@@ -43,10 +43,14 @@ INSTALLED_APPS = [
     "webapp.teams",
     "webapp.runs",
     "webapp.api",
+    "webapp.pages",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (ours and the npm packages') from the web process itself: no CDN, no
+    # separate file server in embedded mode.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -56,6 +60,9 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "webapp.urls"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
 WSGI_APPLICATION = "webapp.wsgi.application"
 ASGI_APPLICATION = "webapp.asgi.application"
 
@@ -90,7 +97,18 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT = DATA_DIR / "static"  # collectstatic's target (whitenoise also serves it)
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# Front-end libraries come from the npm registry at install time (package.json, `make install`)
+# and are served from node_modules under /static/vendor/.
+STATICFILES_DIRS = [
+    ("vendor/uplot", BASE_DIR / "node_modules" / "uplot" / "dist"),
+    ("vendor/htmx", BASE_DIR / "node_modules" / "htmx.org" / "dist"),
+]
+# Served straight from the finders, so embedded mode needs no collectstatic step; a deployment
+# image may run collectstatic and turn this off for compressed, cached files.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:

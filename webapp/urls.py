@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.urls import include, path
 
 from webapp.api.api import api
 
@@ -17,4 +17,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("health/", health, name="health"),
     path("api/", api.urls),
+    path("", include("webapp.pages.urls")),
 ]

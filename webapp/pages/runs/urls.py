@@ -1,0 +1,3 @@
+"""Routes of this area of the pages."""
+
+urlpatterns: list = []

@@ -1,0 +1,18 @@
+"""The pages. Each area keeps its routes in its own module."""
+
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from webapp.pages import home
+
+urlpatterns = [
+    path("", home.home, name="home"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("webapp.pages.teams.urls")),
+    path("", include("webapp.pages.runs.urls")),
+    path("", include("webapp.pages.launch.urls")),
+    path("", include("webapp.pages.rollouts.urls")),
+]
