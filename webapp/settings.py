@@ -97,8 +97,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"  # collectstatic's target (whitenoise also serves it)
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# collectstatic's target, for an image that serves compressed copies (whitenoise serves it too).
+STATIC_ROOT = env_str("STATIC_ROOT") or None
 # Front-end libraries come from the npm registry at install time (package.json, `make install`)
 # and are served from node_modules under /static/vendor/.
 STATICFILES_DIRS = [
