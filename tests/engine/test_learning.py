@@ -15,7 +15,11 @@ from engine.config import load_config
 from engine.run import EXIT_SUCCEEDED, execute
 
 STEPS = 100
-MARGIN = 0.08  # measured: +0.15 at step 100 from a 0.48 starter (bench/learning_curve.py --preset dapo)
+# Measured gains at step 100 over the 0.469 starter (eval on 512 held-out sums): +0.15 on an AVX2
+# machine; +0.076, +0.090, +0.078, +0.093 with trainer.seed 0-3 on an AVX-512 one (the float
+# paths differ, and RL trajectories with them). Five points is far outside what a policy that
+# does not learn drifts on a fixed eval set, and inside every measured trajectory.
+MARGIN = 0.05
 
 
 @pytest.mark.slow
