@@ -1,0 +1,275 @@
+"""The rollout browser: an HTML partial the run page loads into ``<section id="rollouts">``.
+
+One step at a time (a slider over the steps that have samples, or the latest), each prompt's
+group of completions side by side; search, sort by reward or length, pages of groups. "Follow"
+shows one prompt's completions across steps instead. The same partial serves a share link,
+read-only (it has no actions that change anything anyway).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib.auth.decorators import login_required
+from django.db.models import Q
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from webapp.api.queries import sample_steps
+from webapp.runs.models import Run, Sample, ShareLink
+from webapp.teams import access
+
+GROUPS_PER_PAGE = 8
+STEPS_PER_PAGE = 10
+MAX_SAMPLES = 5000  # per request: a step holds at most logging.samples_per_step (<= 4096)
+PREVIEW_LINES = 12
+PREVIEW_CHARS = 1200
+SORTS = {
+    "": "as generated",
+    "-reward": "reward, high first",
+    "reward": "reward, low first",
+    "-length": "length, long first",
+    "length": "length, short first",
+}
+
+
+def _split(text: str, lines: int = PREVIEW_LINES, chars: int = PREVIEW_CHARS) -> tuple[str, str]:
+    """``text`` as a preview of at most ``lines`` lines / ``chars`` characters, and the rest."""
+    cut = len(text)
+    pos = -1
+    for _ in range(lines):
+        pos = text.find("\n", pos + 1)
+        if pos < 0:
+            break
+    else:
+        cut = pos + 1
+    if cut > chars:
+        space = text.rfind(" ", 0, chars)
+        cut = space + 1 if space > chars // 2 else chars
+    if cut >= len(text):
+        return text, ""
+    return text[:cut], text[cut:]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _rollout(sample: Sample) -> dict[str, Any]:
+    extra = sample.extra if isinstance(sample.extra, dict) else {}
+    components = extra.get("components")
+    components = (
+        [{"name": str(k), "value": _number(v), "raw": v} for k, v in components.items()]
+        if isinstance(components, dict)
+        else []
+    )
+    error = extra.get("error")
+    failed = sample.reward is None or bool(error)
+    truncated = sample.finish_reason == "length"
+    preview, rest = _split(sample.completion)
+    return {
+        "id": sample.pk,
+        "step": sample.step,
+        "index": sample.index,
+        "completion": sample.completion,
+        "preview": preview,
+        "rest": rest,
+        "rest_lines": rest.count("\n") + (1 if rest and not rest.endswith("\n") else 0),
+        "reward": sample.reward,
+        "advantage": sample.advantage,
+        "length": sample.length,
+        "finish_reason": sample.finish_reason,
+        "components": components,
+        "error": str(error) if error else "",
+        "failed": failed,
+        "truncated": truncated,
+        "policy_version": extra.get("policy_version"),
+        "group": extra.get("group"),
+    }
+
+
+def _sort_key(sort: str) -> Any:
+    field = sort.lstrip("-")
+    sign = -1 if sort.startswith("-") else 1
+
+    def key(r: dict[str, Any]) -> tuple:
+        value = r[field]
+        return (value is None, sign * value if value is not None else 0, r["step"], r["index"])
+
+    return key
+
+
+def _groups(samples: list[Sample], sort: str) -> list[dict[str, Any]]:
+    """Rollouts grouped by prompt text, in order of first appearance (or by the sort)."""
+    by_prompt: dict[str, dict[str, Any]] = {}
+    for sample in samples:
+        group = by_prompt.get(sample.prompt)
+        if group is None:
+            extra = sample.extra if isinstance(sample.extra, dict) else {}
+            preview, rest = _split(sample.prompt, lines=6, chars=600)
+            group = by_prompt[sample.prompt] = {
+                "prompt": sample.prompt,
+                "prompt_preview": preview,
+                "prompt_rest": rest,
+                "answer": extra.get("answer"),
+                "first_id": sample.pk,
+                "rollouts": [],
+            }
+        group["rollouts"].append(_rollout(sample))
+    groups = list(by_prompt.values())
+    for group in groups:
+        rewards = [r["reward"] for r in group["rollouts"] if r["reward"] is not None]
+        group["mean_reward"] = sum(rewards) / len(rewards) if rewards else None
+        group["mean_length"] = sum(r["length"] for r in group["rollouts"]) / len(group["rollouts"])
+        group["failed"] = sum(r["failed"] for r in group["rollouts"])
+        group["truncated"] = sum(r["truncated"] for r in group["rollouts"])
+        if sort:
+            group["rollouts"].sort(key=_sort_key(sort))
+    if sort:
+        field = "mean_reward" if sort.lstrip("-") == "reward" else "mean_length"
+        sign = -1 if sort.startswith("-") else 1
+        groups.sort(key=lambda g: (g[field] is None, sign * (g[field] or 0)))
+    return groups
+
+
+def _url(base_url: str, **params: Any) -> str:
+    query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
+    return f"{base_url}?{query}" if query else base_url
+
+
+def _pages(base_url: str, page: int, pages: int, **params: Any) -> list[dict[str, Any]]:
+    return [
+        {"n": n, "url": _url(base_url, page=n, **params), "current": n == page} for n in range(1, pages + 1)
+    ]
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return max(int(value or default), 1)
+    except ValueError:
+        return default
+
+
+def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> HttpResponse:
+    steps = [s["step"] for s in sample_steps(run)]
+    q = request.GET.get("q", "").strip()[:200]
+    sort = request.GET.get("sort", "")
+    if sort not in SORTS:
+        sort = ""
+    page = _int(request.GET.get("page"), 1)
+    context: dict[str, Any] = {
+        "run": run,
+        "base_url": base_url,
+        "shared": shared,
+        "steps": steps,
+        "q": q,
+        "sort": sort,
+        "sorts": SORTS.items(),
+        "follow": None,
+    }
+    base = Sample.objects.filter(run=run)
+    if q:
+        base = base.filter(Q(prompt__icontains=q) | Q(completion__icontains=q))
+
+    follow = request.GET.get("follow")
+    if follow:
+        anchor = Sample.objects.filter(run=run, pk=_int(follow, 0)).first()
+        if anchor is None:
+            raise Http404("sample not found")
+        return _follow(request, run, anchor, base, context, page)
+
+    raw_step = request.GET.get("step") or ""
+    at = request.GET.get("at")
+    if not raw_step and at and at.isdigit() and steps:
+        raw_step = str(steps[min(int(at), len(steps) - 1)])  # the slider moves over the steps' indices
+    raw_step = raw_step or "latest"
+    step: int | None
+    latest = raw_step == "latest" or not steps
+    if latest:
+        step = steps[-1] if steps else None
+    else:
+        try:
+            wanted = int(raw_step)
+        except ValueError:
+            raise Http404("step must be a number or 'latest'") from None
+        if wanted not in steps:  # the nearest step that has samples
+            wanted = min(steps, key=lambda s: (abs(s - wanted), s))
+        step = wanted
+    samples = list(base.filter(step=step).order_by("seq", "index")[:MAX_SAMPLES]) if step is not None else []
+    groups = _groups(samples, sort)
+    pages = max(math.ceil(len(groups) / GROUPS_PER_PAGE), 1)
+    page = min(page, pages)
+    shown = groups[(page - 1) * GROUPS_PER_PAGE : page * GROUPS_PER_PAGE]
+    for group in shown:
+        group["follow_url"] = _url(base_url, follow=group["first_id"], sort=sort, q=q)
+    step_param = "latest" if latest else step
+    context.update(
+        latest_url=_url(base_url, step="latest", q=q, sort=sort),
+        page_links=_pages(base_url, page, pages, step=step_param, q=q, sort=sort),
+        step=step,
+        latest=latest,
+        step_index=steps.index(step) if step is not None else 0,
+        groups=shown,
+        group_count=len(groups),
+        sample_count=len(samples),
+        page=page,
+        pages=pages,
+    )
+    return render(request, "pages/rollouts/browser.html", context)
+
+
+def _follow(
+    request: HttpRequest, run: Run, anchor: Sample, base: Any, context: dict[str, Any], page: int
+) -> HttpResponse:
+    samples = list(base.filter(prompt=anchor.prompt).order_by("step", "seq", "index")[:MAX_SAMPLES])
+    by_step: dict[int, list[Sample]] = {}
+    for sample in samples:
+        by_step.setdefault(sample.step, []).append(sample)
+    step_list = sorted(by_step)
+    pages = max(math.ceil(len(step_list) / STEPS_PER_PAGE), 1)
+    page = min(page, pages)
+    shown = step_list[(page - 1) * STEPS_PER_PAGE : page * STEPS_PER_PAGE]
+    per_step = [{"step": s, "group": _groups(by_step[s], context["sort"])[0]} for s in shown]
+    preview, rest = _split(anchor.prompt, lines=6, chars=600)
+    context.update(
+        follow={
+            "id": anchor.pk,
+            "prompt": anchor.prompt,
+            "preview": preview,
+            "rest": rest,
+            "step": anchor.step,
+        },
+        per_step=per_step,
+        step_count=len(step_list),
+        sample_count=len(samples),
+        page=page,
+        pages=pages,
+        page_links=_pages(
+            context["base_url"], page, pages, follow=anchor.pk, q=context["q"], sort=context["sort"]
+        ),
+        back_url=_url(context["base_url"], step=anchor.step, q=context["q"], sort=context["sort"]),
+    )
+    return render(request, "pages/rollouts/follow.html", context)
+
+
+@login_required
+@require_GET
+def run_rollouts(request: HttpRequest, run_id: int) -> HttpResponse:
+    try:
+        run = access.run_for(request.user, run_id)
+    except access.NotFound:
+        raise Http404("run not found") from None
+    return _browse(request, run, f"/runs/{run.pk}/rollouts/", shared=False)
+
+
+@require_GET
+def shared_rollouts(request: HttpRequest, token: str) -> HttpResponse:
+    run = ShareLink.run_for_token(token)
+    if run is None:
+        raise Http404("this link does not exist or was revoked")
+    return _browse(request, run, f"/share/{token}/rollouts/", shared=True)

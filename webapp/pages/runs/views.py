@@ -1,0 +1,270 @@
+"""The run page, its actions, the share page and the compare page.
+
+Reads go through ``webapp.api.queries`` (the JSON API's own reads) and who-may-do-what through
+``webapp.teams.access``; the actions call ``webapp.runs.launch``. Charts load their data from
+the JSON API and the run socket (``run.js``), so the pages render only the frame around them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from webapp.api import queries
+from webapp.api.schemas import clean_tags
+from webapp.pages.runs import compare as compare_helpers
+from webapp.pages.runs.display import config_yaml, log_tail, page_data
+from webapp.runs.launch import CannotResume, RunConfigInvalid, request_cancel, resume_run
+from webapp.runs.models import Checkpoint, InvalidTransition, Run, ShareLink
+from webapp.teams.access import Forbidden, NotFound, role_in, run_for
+from webapp.teams.choices import Role
+
+
+def _visible(request: HttpRequest, run_id: int, role: Role = Role.VIEWER) -> Run:
+    """The run, or a 404 (not there / not the caller's team); ``Forbidden`` goes up as is."""
+    try:
+        return run_for(request.user, run_id, role)
+    except NotFound as exc:
+        raise Http404(str(exc)) from None
+
+
+def _member_run(request: HttpRequest, run_id: int) -> Run | HttpResponse:
+    """The run for an action that needs the member role: 404 for outsiders, 403 for viewers."""
+    try:
+        return _visible(request, run_id, Role.MEMBER)
+    except Forbidden as exc:
+        return HttpResponseForbidden(str(exc))
+
+
+def _is_htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def _go(request: HttpRequest, url: str) -> HttpResponse:
+    """After an action: htmx follows ``HX-Redirect``; a plain form post follows a 302."""
+    if _is_htmx(request):
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = url
+        return response
+    return redirect(url)
+
+
+# --- the run page ------------------------------------------------------------------------
+
+
+def _render_run(request: HttpRequest, run: Run, role: Role | None, token: str = "") -> HttpResponse:
+    detail = queries.run_out(run, role)
+    shared = bool(token)
+    checkpoints = [queries.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
+    context: dict[str, Any] = {
+        "run": detail,
+        "shared": shared,
+        "token": token,
+        "perms": detail["permissions"],
+        "can_act": not shared and detail["permissions"]["edit"],
+        "config_yaml": config_yaml(detail["config"]),
+        "total_steps": (detail["config"].get("trainer") or {}).get("total_steps"),
+        "checkpoints": checkpoints,
+        "latest_checkpoint": checkpoints[-1] if checkpoints else None,
+        "logs": [] if shared else log_tail(run),
+        "shares": [] if shared or not detail["permissions"]["share"] else _shares(run),
+        "tags_value": ", ".join(detail["tags"]),
+        "notes_value": detail["notes"],
+        "base_path": f"/share/{token}/" if shared else f"/runs/{run.pk}/",
+        "page_data": page_data(detail, token),
+    }
+    return render(request, "pages/runs/run.html", context)
+
+
+@login_required
+@require_GET
+def run_page(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _visible(request, run_id)
+    return _render_run(request, run, role_in(request.user, run.project.team_id))
+
+
+@require_GET
+def share_page(request: HttpRequest, token: str) -> HttpResponse:
+    """The run page read-only, for whoever holds a live token (no login)."""
+    run = ShareLink.run_for_token(token)
+    if run is None:
+        raise Http404("this share link does not exist or was revoked")
+    return _render_run(request, run, None, token)
+
+
+def _config_download(run: Run) -> JsonResponse:
+    response = JsonResponse(run.config, json_dumps_params={"indent": 2})
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-config.json"'
+    return response
+
+
+@login_required
+@require_GET
+def run_config_json(request: HttpRequest, run_id: int) -> HttpResponse:
+    return _config_download(_visible(request, run_id))
+
+
+@require_GET
+def share_config_json(request: HttpRequest, token: str) -> HttpResponse:
+    run = ShareLink.run_for_token(token)
+    if run is None:
+        raise Http404("this share link does not exist or was revoked")
+    return _config_download(run)
+
+
+# --- actions (members) -------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _member_run(request, run_id)
+    if isinstance(run, HttpResponse):
+        return run
+    try:
+        request_cancel(run, f"cancelled by {request.user.get_username()}")
+        messages.success(request, "Cancel requested: the worker stops the run and saves a checkpoint.")
+    except InvalidTransition:
+        messages.error(request, f"This run is already {run.status}: there is nothing to cancel.")
+    return _go(request, f"/runs/{run.pk}/")
+
+
+@login_required
+@require_POST
+def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _member_run(request, run_id)
+    if isinstance(run, HttpResponse):
+        return run
+    checkpoint = None
+    raw = (request.POST.get("checkpoint") or "").strip()
+    if raw and raw != "latest":
+        checkpoint = Checkpoint.objects.filter(pk=int(raw) if raw.isdigit() else -1, run=run).first()
+        if checkpoint is None:
+            messages.error(request, f"Run {run.pk} has no checkpoint {raw}: choose one from the list.")
+            return _go(request, f"/runs/{run.pk}/")
+    try:
+        child = resume_run(run, request.user, checkpoint)
+    except (CannotResume, RunConfigInvalid) as exc:
+        messages.error(request, f"Cannot resume: {exc}")
+        return _go(request, f"/runs/{run.pk}/")
+    messages.success(request, f"Resuming {run.name} as a new run.")
+    return _go(request, f"/runs/{child.pk}/")
+
+
+@login_required
+@require_POST
+def run_meta(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Tags and notes (htmx swaps the returned fragment; a plain post is redirected)."""
+    run = _member_run(request, run_id)
+    if isinstance(run, HttpResponse):
+        return run
+    error = ""
+    tags_text = request.POST.get("tags", "")
+    notes = request.POST.get("notes", run.notes)
+    try:
+        tags = clean_tags([t for t in tags_text.split(",") if t.strip()])
+        if len(notes) > 100_000:
+            raise ValueError("notes: at most 100000 characters")
+    except ValueError as exc:
+        error = f"tags: {exc}" if not str(exc).startswith("notes") else str(exc)
+    else:
+        Run.objects.filter(pk=run.pk).update(tags=tags, notes=notes)
+        run.refresh_from_db()
+    if not _is_htmx(request):
+        if error:
+            messages.error(request, error)
+        return redirect(f"/runs/{run.pk}/")
+    context = {
+        "run": {"id": run.pk, "tags": run.tags, "notes": run.notes},
+        "can_act": True,
+        "meta_error": error,
+        "tags_value": tags_text if error else ", ".join(run.tags),
+        "notes_value": notes if error else run.notes,
+        "saved": not error,
+    }
+    return render(request, "pages/runs/_meta.html", context, status=422 if error else 200)
+
+
+def _shares(run: Run) -> list[dict[str, Any]]:
+    return [queries.share_out(s) for s in run.share_links.select_related("created_by")]
+
+
+def _shares_fragment(request: HttpRequest, run: Run, status: int = 200) -> HttpResponse:
+    return render(
+        request, "pages/runs/_shares.html", {"run": {"id": run.pk}, "shares": _shares(run)}, status=status
+    )
+
+
+@login_required
+@require_POST
+def share_create(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _member_run(request, run_id)
+    if isinstance(run, HttpResponse):
+        return run
+    ShareLink.create(run, request.user)
+    if not _is_htmx(request):
+        return redirect(f"/runs/{run.pk}/#shares")
+    return _shares_fragment(request, run)
+
+
+@login_required
+@require_POST
+def share_revoke(request: HttpRequest, run_id: int, share_id: int) -> HttpResponse:
+    run = _member_run(request, run_id)
+    if isinstance(run, HttpResponse):
+        return run
+    if not ShareLink.objects.filter(pk=share_id, run=run).exists():
+        raise Http404(f"run {run.pk} has no share link {share_id}")
+    ShareLink.objects.filter(pk=share_id, run=run, revoked_at=None).update(revoked_at=timezone.now())
+    if not _is_htmx(request):
+        return redirect(f"/runs/{run.pk}/#shares")
+    return _shares_fragment(request, run)
+
+
+# --- compare -----------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def compare(request: HttpRequest) -> HttpResponse:
+    wanted, bad = compare_helpers.parse_ids(request.GET.get("runs", ""))
+    too_many = len(wanted) > compare_helpers.MAX_RUNS
+    wanted = wanted[: compare_helpers.MAX_RUNS]
+    runs: list[Run] = []
+    for run_id in wanted:
+        try:
+            runs.append(run_for(request.user, run_id))
+        except (NotFound, Forbidden):
+            continue
+    dropped = len(wanted) - len(runs) + bad
+    details = [queries.run_out(r, role_in(request.user, r.project.team_id)) for r in runs]
+    rows = compare_helpers.config_diff([d["config"] for d in details])
+    context = {
+        "runs": details,
+        "dropped": dropped,
+        "too_many": too_many,
+        "max_runs": compare_helpers.MAX_RUNS,
+        "diff_rows": rows,
+        "diff_count": sum(1 for r in rows if r["differs"]),
+        "summary": compare_helpers.summary(runs),
+        "page_data": {
+            "runs": [
+                {
+                    "id": d["id"],
+                    "name": d["name"],
+                    "status": d["status"],
+                    "is_final": d["is_final"],
+                    "api": f"/api/runs/{d['id']}",
+                    "socket": f"/ws/runs/{d['id']}/",
+                }
+                for d in details
+            ]
+        },
+    }
+    return render(request, "pages/runs/compare.html", context)

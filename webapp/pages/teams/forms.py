@@ -1,0 +1,92 @@
+"""Forms of the team page and the runs table's filters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib.auth import get_user_model
+from django.utils.text import slugify
+
+from webapp.api import queries
+from webapp.runs.choices import RunStatus
+from webapp.teams.choices import Role
+from webapp.teams.models import Project, Team
+
+SORT_CHOICES = [(key, key) for key in queries.RUN_SORTS]
+DEFAULT_SORT = "-created_at"
+PAGE_SIZE = 50
+
+
+class AddMemberForm(forms.Form):
+    username = forms.CharField(max_length=150, label="Username")
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER, label="Role")
+
+    def __init__(self, *args: Any, team: Team, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.team = team
+        self.user: Any = None
+
+    def clean_username(self) -> str:
+        username = self.cleaned_data["username"].strip()
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise forms.ValidationError(
+                f"No user is called {username!r}: check the spelling (usernames are exact)."
+            )
+        if self.team.memberships.filter(user=user).exists():
+            raise forms.ValidationError(f"{username} is already in this team: change their role in the list.")
+        self.user = user
+        return username
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices, label="Role")
+
+
+class ProjectForm(forms.Form):
+    name = forms.CharField(max_length=100, label="Name")
+    slug = forms.SlugField(
+        max_length=100, required=False, label="Slug", help_text="Leave empty to make one from the name."
+    )
+    description = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Description"
+    )
+
+    def __init__(self, *args: Any, team: Team, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.team = team
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"].strip()
+        if not name:
+            raise forms.ValidationError("Give the project a name.")
+        return name
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if "name" not in data or self.has_error("slug"):
+            return data
+        slug = data.get("slug") or slugify(data["name"])[:100]
+        if not slug:
+            self.add_error("slug", "The name has no letters or digits to make a slug from: give one.")
+        elif Project.objects.filter(team=self.team, slug=slug).exists():
+            self.add_error("slug", f"The team already has a project {slug!r}: choose another slug.")
+        data["slug"] = slug
+        return data
+
+
+class RunFilterForm(forms.Form):
+    """The runs table's query string: ``status`` (repeatable), ``tag``, ``q``, ``sort``, ``page``."""
+
+    status = forms.MultipleChoiceField(choices=RunStatus.choices, required=False, label="Status")
+    tag = forms.CharField(max_length=100, required=False, label="Tag")
+    q = forms.CharField(max_length=200, required=False, label="Search")
+    sort = forms.ChoiceField(choices=SORT_CHOICES, required=False, label="Sort")
+    page = forms.IntegerField(min_value=1, required=False)
+
+    def clean_sort(self) -> str:
+        return self.cleaned_data.get("sort") or DEFAULT_SORT
+
+    def clean_page(self) -> int:
+        return self.cleaned_data.get("page") or 1
