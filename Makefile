@@ -32,7 +32,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # (which create a secret key there), so tests never write to the user's own data directory.
 test: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
 
-test: install lint
+test: install lint browser
 	$(PY) -m pytest -q
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q tests/webapp
 
@@ -46,3 +46,9 @@ demo: install
 bench: install
 	$(PY) bench/logprob_kernel.py
 	$(PY) bench/rollout_torch.py
+
+# Debian's Chromium for the browser tests (tests/e2e/test_browser.py) and bench/ui.py; Playwright
+# drives it through its executable path (never `playwright install`).
+.PHONY: browser
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)

@@ -1,0 +1,155 @@
+"""A real Chromium on the real server: Playwright driving Debian's ``chromium`` (never a browser
+Playwright downloads), a deployment with a web process and a worker, users who sign in through
+the login form, screenshots saved as test artifacts, and every console error and uncaught page
+error collected so a test can show them.
+
+Used by tests/e2e/test_browser.py and bench/ui.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import REPO_ROOT
+from tests.e2e.harness import Deployment
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# The flags of /work/shared/MACHINE_NOTES.md: no GPU, no sandbox (root), and no traffic to
+# Google's services (the resolver rule keeps Chromium from looking their names up).
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost",
+]
+SCREENSHOTS = REPO_ROOT / ".cache" / "artifacts" / "screenshots"
+WIDE = {"width": 1280, "height": 900}
+NARROW = {"width": 390, "height": 844}
+PASSWORD = "browser-e2e-password"  # a throwaway deployment's users
+
+
+def launch_chromium(playwright: Any) -> Any:
+    if not Path(CHROMIUM).exists():
+        raise RuntimeError(
+            "Debian's chromium is not installed: run `make browser` (apt-get install chromium)"
+        )
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+
+
+@dataclass
+class Site:
+    """A deployment with a web process, a worker, a project, and two users of its team:
+    ``e2e`` (admin) and ``viewer`` (viewer), both with ``PASSWORD``."""
+
+    deployment: Deployment
+    project: int
+    team: int
+    users: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.deployment.url
+
+
+def start_site(root: Path, *, worker: bool = True, **settings: str) -> Site:
+    """``prepare_site``, then the web process and (unless ``worker=False``) one worker."""
+    site = prepare_site(root, **settings)
+    site.deployment.start_web()
+    if worker:
+        site.deployment.start_worker()
+    return site
+
+
+def prepare_site(root: Path, **settings: str) -> Site:
+    """Migrated database, users, team and project; no process started yet."""
+    d = Deployment(root, **settings)
+    ids = d.setup()
+    out = d.manage(
+        "shell",
+        "-c",
+        "import json\n"
+        "from django.contrib.auth import get_user_model\n"
+        "from webapp.teams.models import Project\n"
+        "from webapp.teams.services import set_role\n"
+        "User = get_user_model()\n"
+        f"project = Project.objects.get(pk={ids['project']})\n"
+        "admin = User.objects.get(username='e2e')\n"
+        f"admin.set_password({PASSWORD!r}); admin.save()\n"
+        f"viewer = User.objects.create_user('viewer', password={PASSWORD!r})\n"
+        "set_role(project.team, viewer, 'viewer')\n"
+        "print(json.dumps({'team': project.team_id}))\n",
+    )
+    team = json.loads(out.strip().splitlines()[-1])["team"]
+    return Site(d, ids["project"], team, {"e2e": PASSWORD, "viewer": PASSWORD})
+
+
+@dataclass
+class Console:
+    """Console errors and uncaught exceptions of every page of a browser context."""
+
+    errors: list[str] = field(default_factory=list)
+    allowed: list[str] = field(default_factory=list)  # substrings of errors a test provoked itself
+
+    def attach(self, context: Any) -> Console:
+        context.on("console", self._console)
+        context.on("weberror", lambda e: self.errors.append(f"uncaught: {e.error}"))
+        return self
+
+    def _console(self, message: Any) -> None:
+        if message.type == "error":
+            where = message.location.get("url", "") if message.location else ""
+            self.errors.append(
+                f"console.error at {message.page.url if message.page else '?'} ({where}): {message.text}"
+            )
+
+    def real(self) -> list[str]:
+        """The errors that are not the missing favicon (reported separately)."""
+        return [e for e in self.errors if "favicon" not in e and not any(a in e for a in self.allowed)]
+
+    def favicon(self) -> list[str]:
+        return [e for e in self.errors if "favicon" in e]
+
+
+def new_context(browser: Any, viewport: dict[str, int] = WIDE) -> tuple[Any, Console]:
+    context = browser.new_context(viewport=viewport, base_url=None)
+    context.set_default_timeout(30_000)
+    return context, Console().attach(context)
+
+
+def sign_in(page: Any, site: Site, username: str) -> None:
+    """Through the real login form."""
+    page.goto(f"{site.url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", site.users[username])
+    page.click("form[action='/login/'] button[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)
+
+
+def screenshot(page: Any, test: str, name: str, *, full_page: bool = True) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{test}-{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    return path
+
+
+def point_count(page: Any) -> int:
+    """Points the run page's charts hold (``#charts[data-points]``, kept by charts.js)."""
+    return int(page.eval_on_selector("#charts", "el => Number(el.dataset.points || 0)"))
+
+
+def tributary_playwright() -> Iterator[Any]:
+    """A started sync Playwright (stopped when the generator closes)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        yield playwright
