@@ -13,6 +13,14 @@
   const MAX_KEEP = 20000; // points kept per series in the browser; older ones are merged in pairs
   const PIN_KEY = "tributary.charts.pins";
   const HIDE_KEY = "tributary.charts.hidden";
+  const FRAME_BUDGET_MS = 12; // drawing per animation frame before the rest waits for the next
+
+  // A y axis as wide as its longest tick label (uPlot calls this with the formatted labels).
+  function axisWidth(u, values) {
+    if (!values) return 48;
+    const longest = values.reduce((n, v) => Math.max(n, String(v).length), 0);
+    return Math.max(40, 14 + longest * 7);
+  }
 
   // The default panels, in order. A metric goes to the first panel that takes it; any other
   // metric goes to a panel of its prefix (the part before the first "/").
@@ -161,6 +169,16 @@
       this.message = "";
       this.resize = typeof ResizeObserver === "function"
         ? new ResizeObserver((entries) => { for (const e of entries) this.resized(e.target); }) : null;
+      // Panels scrolled out of view keep their new points and are redrawn when they come back.
+      this.seen = typeof IntersectionObserver === "function"
+        ? new IntersectionObserver((entries) => {
+          for (const e of entries) {
+            const panel = this.panels.get(e.target.dataset.panel);
+            if (!panel) continue;
+            panel.visible = e.isIntersecting;
+            if (panel.visible && panel.dirty) this.schedule();
+          }
+        }, { rootMargin: "200px" }) : null;
     }
 
     // History from /metrics/series for run `r` (index into runs).
@@ -206,16 +224,25 @@
       if (!this.frame) this.frame = requestAnimationFrame(() => { this.frame = 0; this.flush(); });
     }
 
-    // Everything that changed since the last frame, drawn once.
+    // What changed since the last frame, drawn once, within a frame budget: panels in page
+    // order, at least one per frame, the rest in the next frames (so the first chart appears
+    // after one panel's work, not all of them, and a stream touching every series never
+    // blocks a frame for all panels at once). Off-screen panels wait until they are visible.
     flush() {
       if (this.layoutDirty) this.layout();
-      let total = 0;
-      for (const panel of this.panels.values()) {
-        if (!this.hidden.has(panel.id) && (panel.dirty || panel.rebuild || !panel.plot)) this.draw(panel);
+      const start = performance.now();
+      let drawn = 0, pending = false, total = 0;
+      for (const panel of this.order()) {
+        const stale = !this.hidden.has(panel.id) && (panel.dirty || panel.rebuild || !panel.plot);
+        if (stale && !(panel.plot && panel.visible === false)) {
+          if (drawn && performance.now() - start > FRAME_BUDGET_MS) pending = true;
+          else { this.draw(panel); drawn += 1; }
+        }
         total += panel.points;
       }
       this.root.dataset.points = String(total);
       this.updateState();
+      if (pending) this.schedule();
     }
 
     updateState() {
@@ -254,6 +281,7 @@
       this.panels.set(id, panel);
       this.syncPin(panel);
       if (this.resize) this.resize.observe(body);
+      if (this.seen) this.seen.observe(el);
       return panel;
     }
 
@@ -417,7 +445,9 @@
         const colour = this.colour(panel, p.s.run, nameIndex);
         const label = this.compare ? `${this.runs[p.s.run].name} · ${p.s.name}` : p.s.name;
         const opt = {
-          label, stroke: colour, width: 1.5, spanGaps: true, points: { show: false },
+          label, stroke: colour, width: 1.5, spanGaps: true,
+          // A line needs two points: show the dots while a series has fewer than three.
+          points: { show: (u) => u.data[0].length < 3 },
           scale: hasY2 && def.y2(p.s.name) ? "y2" : "y",
           show: !this.hiddenRuns.has(p.s.run),
           value: (u, v, si, idx) => fmt(idx == null ? v : panel.own[si - 1][idx]),
@@ -433,9 +463,9 @@
       const width = Math.max(240, body.clientWidth || 400);
       const axes = [
         xMode === "time" && this.compare ? { values: (u, vals) => vals.map(fmtDuration) } : {},
-        { size: 56, values: (u, vals) => vals.map(fmt) },
+        { size: axisWidth, values: (u, vals) => vals.map(fmt) },
       ];
-      if (hasY2) axes.push({ scale: "y2", side: 1, grid: { show: false }, size: 48, values: (u, vals) => vals.map(fmt) });
+      if (hasY2) axes.push({ scale: "y2", side: 1, grid: { show: false }, size: axisWidth, values: (u, vals) => vals.map(fmt) });
       const scales = { x: { time: xMode === "time" && !this.compare }, y: this.opts.log ? { distr: 3 } : {} };
       if (hasY2) scales.y2 = {};
       return {

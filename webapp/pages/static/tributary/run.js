@@ -78,6 +78,14 @@
         if (run.started_at) {
           const end = run.is_final && run.finished_at ? run.finished_at : Date.now() / 1000;
           elapsed.textContent = C.fmtDuration(end - run.started_at);
+          const started = $("run-started");
+          if (started && !started.querySelector("time")) {
+            const when = new Date(run.started_at * 1000);
+            const time = document.createElement("time");
+            time.setAttribute("datetime", when.toISOString());
+            time.textContent = when.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+            started.replaceChildren(time);
+          }
         }
         const rate = grid.stepRate(0);
         if (!run.is_final && run.total_steps && rate) {
