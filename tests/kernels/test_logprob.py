@@ -101,8 +101,11 @@ def test_fused_matches_naive(dtype: torch.dtype, n: int, v: int, chunk_size: int
 def test_fused_matches_naive_random_shapes(
     n: int, h: int, v: int, chunk_size: int, temperature: float, with_bias: bool, seed: int
 ) -> None:
-    inputs = make_inputs(n, h, v, dtype=torch.float32, bias=with_bias, seed=seed)
-    assert_matches_naive(inputs, temperature=temperature, chunk_size=chunk_size, atol=1e-5, rtol=1e-5)
+    # float64: across random shapes the kernel must equal the naive computation up to summation
+    # order. In float32 a bias gradient summed over 31 tokens at temperature 0.5 differed by
+    # 1.06e-5 (hypothesis, on an AVX-512 machine): rounding, which the fixed shapes above bound.
+    inputs = make_inputs(n, h, v, dtype=torch.float64, bias=with_bias, seed=seed)
+    assert_matches_naive(inputs, temperature=temperature, chunk_size=chunk_size, atol=1e-10, rtol=1e-10)
 
 
 def test_gradcheck_float64() -> None:
