@@ -20,7 +20,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,18 +33,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.e2e.harness import free_port
 
 pytestmark = pytest.mark.slow
 
 STARTUP_TIMEOUT = 300.0  # migrations, uvicorn and Celery start-up on a busy 2-core machine
 RUNNING_TIMEOUT = 300.0  # the engine loads the starter policy, evaluates step 0, trains a step
 STOP_TIMEOUT = 240.0  # serve's own bounds: 60 s for the worker, 20 s for the web server
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def proc_tree(root: int) -> dict[int, str]:

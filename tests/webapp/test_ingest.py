@@ -12,8 +12,14 @@ from engine.events import EventSink
 from tests.webapp.event_builders import T0, a_run_of, metrics, sample_item, samples, status
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, Sample
-from webapp.runs.services import InvalidEvent, ingest_events
+from webapp.runs.services import InvalidEvent, store_events
 
+
+def ingest_events(run: Run, events: list[dict[str, Any]]) -> int:
+    """Store a batch as the ingest socket does; refresh ``run``; return the new cursor."""
+    stored = store_events(run.pk, events)
+    run.refresh_from_db()
+    return stored.last_seq
 
 def stored(run: Run) -> dict[str, Any]:
     """Everything ingest writes for a run, comparable across calls."""

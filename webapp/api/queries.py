@@ -35,6 +35,7 @@ from ninja.errors import ValidationError
 
 from webapp.runs.choices import ACTIVE_STATUSES, FINAL_STATUSES, LogLevel, RunStatus
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, Sample, ShareLink
+from webapp.teams.access import memberships_of
 from webapp.teams.choices import Role
 from webapp.teams.models import Project, Team
 
@@ -94,6 +95,14 @@ RUN_SORTS = {
     "last_step": ("last_step", "-id"),
     "-last_step": ("-last_step", "-id"),
 }
+
+
+def teams_out(user: Any) -> list[dict[str, Any]]:
+    """The caller's teams with their role in each (``/me`` and ``/teams``)."""
+    return [
+        {"id": m.team.pk, "name": m.team.name, "slug": m.team.slug, "role": m.role, "created_at": m.team.created_at}
+        for m in memberships_of(user)
+    ]
 
 
 def checkpoint_out(ckpt: Checkpoint) -> dict[str, Any]:

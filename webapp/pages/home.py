@@ -6,12 +6,13 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from webapp.teams.models import Membership, Project
+from webapp.teams.access import memberships_of
+from webapp.teams.models import Project
 
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    memberships = Membership.objects.filter(user=request.user).select_related("team").order_by("team__name")
+    memberships = memberships_of(request.user)
     projects = Project.objects.filter(team__memberships__user=request.user).select_related("team").order_by("name")
     by_team: dict[int, list[Project]] = {}
     for project in projects:

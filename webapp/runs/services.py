@@ -1,4 +1,4 @@
-"""Run logic that spans models. Here: storing a batch of engine events (``ingest_events``).
+"""Run logic that spans models. Here: storing a batch of engine events (``store_events``).
 
 Shipping is at-least-once (DESIGN.md), so storing is idempotent: events at or below the run's
 cursor (``Run.last_seq``) are skipped, the rest are stored in one transaction and the cursor
@@ -54,16 +54,6 @@ class Stored:
     previous_seq: int
     last_seq: int
     events: list[dict[str, Any]]
-
-
-def ingest_events(run: Run, events: Iterable[Mapping[str, Any]]) -> int:
-    """Store a batch of engine events for ``run`` idempotently; return the new ``last_seq``.
-
-    ``run`` is refreshed from the database. See ``store_events``.
-    """
-    stored = store_events(run.pk, events)
-    run.refresh_from_db()
-    return stored.last_seq
 
 
 def store_events(run_id: int, events: Iterable[Mapping[str, Any]]) -> Stored:
@@ -293,6 +283,6 @@ def _apply_status(run: Run, state: str, message: str) -> str:
         return f"status {state!r} from the engine not applied: the run is {run.status!r}" + (
             f" ({message})" if message else ""
         )
-    # The row is locked by ingest_events, so this conditional update cannot lose a race.
+    # The row is locked by store_events, so this conditional update cannot lose a race.
     run.transition(target, message=message)
     return ""

@@ -39,10 +39,11 @@ def _require(user: Any, team_id: int, role: Role | str, what: str) -> None:
         raise Forbidden(f"{what}: this needs the {Role(role).value} role in its team; you are {held.value}")
 
 
-def teams_of(user: Any) -> QuerySet[Team]:
+def memberships_of(user: Any) -> QuerySet[Membership]:
+    """The caller's memberships with their teams, by team name (none for anonymous users)."""
     if not getattr(user, "is_authenticated", False):
-        return Team.objects.none()
-    return Team.objects.filter(memberships__user=user)
+        return Membership.objects.none()
+    return Membership.objects.filter(user=user).select_related("team").order_by("team__name")
 
 
 def team_for(user: Any, team_id: int, role: Role | str = Role.VIEWER) -> Team:

@@ -8,10 +8,10 @@ from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from ninja import Router, Status
 
+from webapp.api import queries
 from webapp.api.models import ApiToken
 from webapp.api.routers import READ, WRITE
 from webapp.api.schemas import MeOut, TokenCreatedOut, TokenIn, TokenOut
-from webapp.teams.models import Membership
 
 router = Router(tags=["account"])
 
@@ -31,23 +31,13 @@ def token_out(token: ApiToken) -> dict[str, Any]:
 @router.get("/me", response={200: MeOut, **READ}, summary="The caller and their teams")
 def me(request: HttpRequest) -> dict[str, Any]:
     user = request.auth
-    memberships = Membership.objects.filter(user=user).select_related("team").order_by("team__name")
     return {
         "id": user.pk,
         "username": user.get_username(),
         "email": user.email,
         "first_name": user.first_name,
         "last_name": user.last_name,
-        "teams": [
-            {
-                "id": m.team.pk,
-                "name": m.team.name,
-                "slug": m.team.slug,
-                "role": m.role,
-                "created_at": m.team.created_at,
-            }
-            for m in memberships
-        ],
+        "teams": queries.teams_out(user),
     }
 
 

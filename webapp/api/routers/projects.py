@@ -27,7 +27,7 @@ from webapp.runs.launch import create_run
 from webapp.runs.models import Run
 from webapp.teams.access import project_for, role_in, team_for
 from webapp.teams.choices import Role
-from webapp.teams.models import Membership, Project
+from webapp.teams.models import Project
 
 router = Router(tags=["projects"])
 
@@ -46,17 +46,7 @@ RunSort = Literal[
 
 @router.get("/teams", response={200: list[TeamOut], **READ}, summary="The caller's teams")
 def list_teams(request: HttpRequest) -> list[dict[str, Any]]:
-    memberships = Membership.objects.filter(user=request.auth).select_related("team").order_by("team__name")
-    return [
-        {
-            "id": m.team.pk,
-            "name": m.team.name,
-            "slug": m.team.slug,
-            "role": m.role,
-            "created_at": m.team.created_at,
-        }
-        for m in memberships
-    ]
+    return queries.teams_out(request.auth)
 
 
 @router.get("/teams/{team_id}", response={200: TeamDetailOut, **READ}, summary="A team and its members")
