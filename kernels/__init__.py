@@ -1,4 +1,8 @@
-"""Memory-lean kernels for RL training of language models."""
+"""Memory-lean kernels for RL training of language models.
+
+The Triton kernels (:mod:`kernels.triton_logprob`) are imported on demand by
+:func:`resolve_impl`, so ``import kernels`` works without ``triton`` installed.
+"""
 
 from kernels.logprob import (
     DEFAULT_CHUNK_SIZE,
@@ -6,6 +10,7 @@ from kernels.logprob import (
     fused_logprobs_entropy,
     logprobs_from_hidden,
     naive_logprobs_entropy,
+    resolve_impl,
 )
 
 __all__ = [
@@ -14,4 +19,5 @@ __all__ = [
     "fused_logprobs_entropy",
     "logprobs_from_hidden",
     "naive_logprobs_entropy",
+    "resolve_impl",
 ]

@@ -39,6 +39,7 @@ __all__ = [
     "fused_logprobs_entropy",
     "logprobs_from_hidden",
     "naive_logprobs_entropy",
+    "resolve_impl",
 ]
 
 # Tuned with bench/logprob_kernel.py (float32 CPU, 4096 tokens, hidden 896): the time is flat within
@@ -47,7 +48,8 @@ __all__ = [
 # the matmuls large enough for a GPU.
 DEFAULT_CHUNK_SIZE = 1024
 
-IMPLEMENTATIONS = ("fused", "naive")
+# "auto": the Triton kernels on CUDA tensors when triton imports, else "fused" (see resolve_impl).
+IMPLEMENTATIONS = ("auto", "fused", "naive", "triton")
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -294,6 +296,39 @@ def naive_logprobs_entropy(
     return logprobs, entropy
 
 
+def resolve_impl(impl: str, hidden: Tensor) -> str:
+    """The implementation (``"fused"``, ``"naive"`` or ``"triton"``) that ``impl`` means for ``hidden``.
+
+    ``"auto"`` picks the Triton kernels (:mod:`kernels.triton_logprob`) for CUDA tensors of a dtype
+    they take when ``triton`` imports and the interpreter is off (``TRITON_INTERPRET=1`` runs them
+    correctly but orders of magnitude slower), and the chunked torch version otherwise (CPU, float64,
+    no triton). ``"triton"`` insists, and raises a ValueError naming ``trainer.logprob_impl`` when the
+    kernels cannot run here, instead of failing inside Triton's launcher.
+    """
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown impl {impl!r}; known: {', '.join(IMPLEMENTATIONS)}")
+    if impl not in ("auto", "triton"):
+        return impl
+    try:
+        from kernels import triton_logprob
+    except ImportError as exc:
+        if impl == "auto":
+            return "fused"
+        raise ValueError(
+            f"trainer.logprob_impl='triton' needs the triton package ({exc}); "
+            "install it or set trainer.logprob_impl to 'auto' or 'fused'"
+        ) from exc
+    reason = triton_logprob.unavailable_reason(hidden)
+    if impl == "auto":
+        return "triton" if reason is None and not triton_logprob.interpreter_enabled() else "fused"
+    if reason is not None:
+        raise ValueError(
+            f"trainer.logprob_impl='triton' cannot run: {reason}; set trainer.logprob_impl to 'auto' "
+            "(Triton on GPUs, the torch kernel elsewhere) or 'fused'"
+        )
+    return "triton"
+
+
 def logprobs_from_hidden(
     hidden: Tensor,
     weight: Tensor,
@@ -302,13 +337,14 @@ def logprobs_from_hidden(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     compute_entropy: bool = True,
-    impl: str = "fused",
+    impl: str = "auto",
     bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Batched entry point for the trainer: ``hidden [B, T, H]``, ``labels [B, T]`` -> ``[B, T]`` outputs.
 
-    Flattens the leading dimensions, runs ``impl`` (``"fused"`` or ``"naive"``) and reshapes back.
-    Any leading shape works as long as ``labels.shape == hidden.shape[:-1]``.
+    Flattens the leading dimensions, runs ``impl`` (one of :data:`IMPLEMENTATIONS`, resolved by
+    :func:`resolve_impl`) and reshapes back. Any leading shape works as long as
+    ``labels.shape == hidden.shape[:-1]``.
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown impl {impl!r}; known: {', '.join(IMPLEMENTATIONS)}")
@@ -318,7 +354,20 @@ def logprobs_from_hidden(
         )
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_labels = labels.reshape(-1)
-    if impl == "fused":
+    impl = resolve_impl(impl, flat_hidden)
+    if impl == "triton":
+        from kernels.triton_logprob import triton_logprobs_entropy
+
+        logprobs, entropy = triton_logprobs_entropy(
+            flat_hidden,
+            weight,
+            flat_labels,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            compute_entropy=compute_entropy,
+            bias=bias,
+        )
+    elif impl == "fused":
         logprobs, entropy = fused_logprobs_entropy(
             flat_hidden,
             weight,

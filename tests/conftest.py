@@ -33,3 +33,22 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.models import make_model
 
     return make_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", arch="qwen2", size="tiny", seed=0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that must run in a process of their own (``@pytest.mark.child_only("VAR")``: the
+    Triton interpreter, vLLM's process-wide settings) are collected only where ``VAR`` is "1"
+    (the child pytest their ``@pytest.mark.parent_only("VAR")`` test starts); everywhere else
+    they are deselected, not skipped, and the parent test is deselected inside the child."""
+    keep, drop = [], []
+    for item in items:
+        child = item.get_closest_marker("child_only")
+        parent = item.get_closest_marker("parent_only")
+        inside = lambda m: os.environ.get(m.args[0]) == "1"  # noqa: E731
+        if (child and not inside(child)) or (parent and inside(parent)):
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

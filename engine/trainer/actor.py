@@ -21,7 +21,7 @@ from kernels import logprobs_from_hidden
 @dataclass(frozen=True)
 class LogprobSettings:
     temperature: float
-    impl: str = "fused"
+    impl: str = "auto"  # kernels.resolve_impl: Triton on CUDA tensors, else the torch fused kernel
     chunk_size: int = 1024
     shared_prompt: bool = True
 
@@ -31,7 +31,9 @@ def split_model(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     head = model.get_output_embeddings()
     trunk = getattr(model, model.base_model_prefix, None)
     if head is None or trunk is None:
-        raise ValueError(f"{type(model).__name__} has no separate decoder and LM head; cannot use it as a policy")
+        raise ValueError(
+            f"{type(model).__name__} has no separate decoder and LM head; cannot use it as a policy"
+        )
     return trunk, head
 
 
@@ -67,7 +69,9 @@ def response_logprobs(
     logprobs = logprobs.masked_scatter(mask, lp.squeeze(0))
     entropy = None
     if ent is not None:
-        entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ent.device).masked_scatter(mask, ent.squeeze(0))
+        entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ent.device).masked_scatter(
+            mask, ent.squeeze(0)
+        )
     return logprobs, entropy
 
 
@@ -75,7 +79,9 @@ def _full_hidden(trunk: nn.Module, batch: RolloutBatch) -> torch.Tensor:
     """Hidden states ``[B, R, H]`` predicting each response token, from one pass over prompt + response."""
     attn = batch.attention_mask
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    hidden = trunk(input_ids=batch.input_ids, attention_mask=attn, position_ids=position_ids).last_hidden_state
+    hidden = trunk(
+        input_ids=batch.input_ids, attention_mask=attn, position_ids=position_ids
+    ).last_hidden_state
     p = batch.prompt_ids.shape[1]
     return hidden[:, p - 1 : p - 1 + batch.response_ids.shape[1]]  # position t predicts token t + 1
 
@@ -130,12 +136,29 @@ MAX_METRICS = frozenset({"rollout/logprob_diff_max"})
 """Metrics that combine by maximum. All others are per-micro-batch means, averaged by token share."""
 
 
-def logprob_mismatch(trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Train/inference mismatch: the sampler's log-probs against the trainer's, over real tokens."""
-    diff = (trainer_lp.detach() - rollout_lp).abs()[mask.bool()]
-    if diff.numel() == 0:
+def logprob_mismatch(
+    trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """Train/inference mismatch: the sampler's log-probs against the trainer's, over real tokens.
+
+    ``rollout/logprob_diff_max`` / ``_mean``: ``|log p_trainer - log p_rollout|`` per token.
+    ``rollout/mismatch_kl``: the k3 estimator (Schulman, "Approximating KL divergence", 2020) of
+    KL(rollout || trainer) from the sampled tokens: with ``log r = log p_trainer - log p_rollout``,
+    ``k3 = exp(log r) - log r - 1`` (>= 0, unbiased since the tokens were drawn from the rollout policy),
+    averaged over response tokens, as prime-rl's ``mismatch_kl`` and verl's rollout-correction
+    ``rollout_kl_k3`` report it. ``[batch, response_len]`` inputs; ``mask`` marks response tokens.
+    """
+    valid = mask.bool()
+    log_ratio = (trainer_lp.detach().float() - rollout_lp.float())[valid]
+    if log_ratio.numel() == 0:
         return {}
-    return {"rollout/logprob_diff_max": float(diff.max()), "rollout/logprob_diff_mean": float(diff.mean())}
+    diff = log_ratio.abs()
+    k3 = torch.expm1(log_ratio) - log_ratio
+    return {
+        "rollout/logprob_diff_max": float(diff.max()),
+        "rollout/logprob_diff_mean": float(diff.mean()),
+        "rollout/mismatch_kl": float(k3.mean()),
+    }
 
 
 def global_batch_info(mini_mask: torch.Tensor, loss_scale_factor: float) -> dict[str, float]:
@@ -185,7 +208,9 @@ def actor_loss(
     )
     loss = pg_loss
     metrics = {"actor/pg_loss": float(pg_loss.detach()), **extra}
-    metrics.update({k if k.startswith("actor/") else f"actor/{k}": _as_float(v) for k, v in pg_metrics.items()})
+    metrics.update(
+        {k if k.startswith("actor/") else f"actor/{k}": _as_float(v) for k, v in pg_metrics.items()}
+    )
     assert entropy is not None
     agg = dict(policy_loss_config.global_batch_info)
     ent = agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=algo.loss_agg_mode, **agg)

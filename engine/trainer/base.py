@@ -50,3 +50,7 @@ class TrainerBackend(Protocol):
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore what ``state`` returned."""
         ...
+
+    def close(self) -> None:
+        """The run is over (however it ended): release what the backend holds (DeepSpeed's other ranks)."""
+        ...

@@ -51,7 +51,9 @@ class TorchTrainer:
     weighted so the gradient equals the whole mini-batch's (``micro_batch_weight``).
     """
 
-    def __init__(self, model: nn.Module, cfg: RunConfig, *, device: torch.device, need_reference: bool) -> None:
+    def __init__(
+        self, model: nn.Module, cfg: RunConfig, *, device: torch.device, need_reference: bool
+    ) -> None:
         self.cfg = cfg
         self.device = device
         self.model = model
@@ -126,7 +128,9 @@ class TorchTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in self._micro_batches(mini):
                     micro = micro.to(self.device)
-                    loss, metrics = actor_loss(self.model, micro, self.cfg.algorithm, self.settings, pl_config)
+                    loss, metrics = actor_loss(
+                        self.model, micro, self.cfg.algorithm, self.settings, pl_config
+                    )
                     loss.backward()
                     share = float(micro.response_mask.sum()) / max(1.0, info["batch_num_tokens"])
                     for k, v in metrics.items():
@@ -191,3 +195,6 @@ class TorchTrainer:
     def load_state(self, state: dict[str, Any]) -> None:
         self._version = int(state["policy_version"])
         self.skipped_updates = int(state.get("skipped_updates", 0))
+
+    def close(self) -> None:
+        """Nothing to release: one process holds everything."""

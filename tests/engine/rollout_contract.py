@@ -1,4 +1,4 @@
-"""The contract every rollout backend must pass (torch now, vLLM later).
+"""The contract every rollout backend must pass (torch: test_rollout_torch.py, vLLM: test_rollout_vllm.py).
 
 Use it by subclassing :class:`RolloutBackendContract` in a backend's test module and providing
 these fixtures (any scope; function scope is simplest):

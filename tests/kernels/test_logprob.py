@@ -209,7 +209,7 @@ def test_empty_input() -> None:
     assert torch.equal(weight.grad, torch.zeros(9, 4))
 
 
-@pytest.mark.parametrize("impl", ["fused", "naive"])
+@pytest.mark.parametrize("impl", ["auto", "fused", "naive"])  # "triton": tests/kernels/test_triton_logprob.py
 def test_logprobs_from_hidden_shapes(impl: str) -> None:
     inputs = make_inputs(2 * 5, 6, 11)
     hidden, labels = inputs["hidden"].view(2, 5, 6), inputs["labels"].view(2, 5)
@@ -228,7 +228,7 @@ def test_logprobs_from_hidden_shapes(impl: str) -> None:
 
 def test_logprobs_from_hidden_unknown_impl() -> None:
     inputs = make_inputs(4, 3, 5)
-    with pytest.raises(ValueError, match=r"'triton'.*fused, naive"):
+    with pytest.raises(ValueError, match=r"'cuda'.*auto, fused, naive, triton"):
         logprobs_from_hidden(
             inputs["hidden"].view(1, 4, 3),
             inputs["weight"],
@@ -236,7 +236,7 @@ def test_logprobs_from_hidden_unknown_impl() -> None:
             temperature=1.0,
             chunk_size=2,
             compute_entropy=True,
-            impl="triton",
+            impl="cuda",
         )
 
 

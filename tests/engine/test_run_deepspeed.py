@@ -1,0 +1,118 @@
+"""Whole DeepSpeed runs through ``python -m engine run``: 2 rank processes started by the engine.
+
+The same small run as ``test_run.py`` with ``trainer.backend: deepspeed`` (ZeRO-2 and ZeRO-3,
+2 ranks on CPU with gloo) against ``trainer.backend: torch``: one event log written by rank 0
+alone, the same metrics step for step (same rollouts, since the rollout backend samples from
+weights equal to the torch run's), DeepSpeed's partitions in every checkpoint, and a cancel
+(SIGTERM to the launcher, as the job supervisor sends it) that checkpoints and resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.run import EXIT_CANCELLED, EXIT_SUCCEEDED
+from tests.engine.test_run import metrics_by_step, read_events, small_config
+
+STEPS = 4
+COMPARED = ("reward/mean", "actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "actor/lr")
+
+
+def engine_run(cfg: dict, path: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    path.write_text(json.dumps(cfg))
+    return subprocess.run(
+        [sys.executable, "-m", "engine", "run", str(path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def deepspeed(cfg: dict, stage: int) -> dict:
+    cfg["trainer"] |= {"backend": "deepspeed", "zero_stage": stage, "num_ranks": 2, "device": "cpu"}
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def torch_metrics(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[int, dict[str, float]]:
+    out = tmp_path_factory.mktemp("torch")
+    proc = engine_run(small_config(tiny_model_dir, out / "run", total_steps=STEPS), out / "run.json")
+    assert proc.returncode == EXIT_SUCCEEDED, proc.stderr
+    return metrics_by_step(read_events(out / "run" / "events.jsonl"))
+
+
+@pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
+def test_deepspeed_run_matches_the_torch_run(
+    stage: int, tiny_model_dir: Path, tmp_path: Path, torch_metrics: dict[int, dict[str, float]]
+) -> None:
+    cfg = deepspeed(small_config(tiny_model_dir, tmp_path / "run", total_steps=STEPS), stage)
+    proc = engine_run(cfg, tmp_path / "run.json")
+    assert proc.returncode == EXIT_SUCCEEDED, proc.stderr
+    assert proc.stderr.count("succeeded: events in") == 1, proc.stderr  # rank 0 alone speaks for the run
+
+    events = read_events(tmp_path / "run" / "events.jsonl")
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))  # one writer
+    assert [e["state"] for e in events if e["type"] == "status"] == ["starting", "running", "succeeded"]
+    metrics = metrics_by_step(events)
+    assert sorted(metrics) == sorted(torch_metrics)
+    for step in range(1, STEPS + 1):
+        for name in COMPARED:
+            assert metrics[step][name] == pytest.approx(torch_metrics[step][name], rel=1e-3, abs=1e-4), (
+                step,
+                name,
+            )
+    assert metrics[2]["eval/accuracy"] == torch_metrics[2]["eval/accuracy"]
+
+    checkpoints = [e for e in events if e["type"] == "checkpoint"]
+    assert [c["step"] for c in checkpoints] == [2, 4]
+    last = Path(checkpoints[-1]["path"])
+    assert (last / "model.safetensors").is_file() and (last / "deepspeed" / "state").is_dir()
+    # Both ranks' optimizer partitions, counted in the checkpoint's size.
+    partitions = sorted(p.name for p in (last / "deepspeed" / "state").iterdir() if "optim_states" in p.name)
+    assert len(partitions) == 2, partitions
+    assert checkpoints[-1]["bytes"] == sum(f.stat().st_size for f in last.rglob("*") if f.is_file())
+
+
+def test_cancel_checkpoints_every_rank_and_resume_continues(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = deepspeed(small_config(tiny_model_dir, tmp_path / "run", total_steps=200), 2)
+    cfg["checkpoint"]["every_steps"] = 0
+    cfg_path = tmp_path / "run.json"
+    cfg_path.write_text(json.dumps(cfg))
+    events_path = tmp_path / "run" / "events.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine", "run", str(cfg_path)], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if events_path.exists() and any(
+            e["type"] == "metrics" and e["step"] >= 1 for e in read_events(events_path)
+        ):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == EXIT_CANCELLED, stderr
+    events = read_events(events_path)
+    assert events[-1]["type"] == "status" and events[-1]["state"] == "cancelled"
+    ckpt = [e for e in events if e["type"] == "checkpoint"][-1]
+    stopped_at = ckpt["step"]
+    assert 1 <= stopped_at < 200
+    assert len(list((Path(ckpt["path"]) / "deepspeed" / "state").glob("*optim_states*"))) == 2
+
+    cfg["trainer"]["total_steps"] = stopped_at + 2
+    out = engine_run(cfg, cfg_path, "--resume", str(tmp_path / "run"))
+    assert out.returncode == EXIT_SUCCEEDED, out.stderr
+    events = read_events(events_path)
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(set(seqs))  # strictly increasing across the resume
+    assert events[-1]["state"] == "succeeded"
+    assert [e["step"] for e in events if e["type"] == "metrics"][-2:] == [stopped_at + 1, stopped_at + 2]
