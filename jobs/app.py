@@ -28,6 +28,12 @@ SUPERVISE_TASK = "jobs.supervise_run"
 DEFAULT_QUEUE = "cpu"
 
 
+def broker_folder(environ: dict[str, str] | os._Environ[str] | None = None) -> Path:
+    """The embedded broker's folder: ``TRIBUTARY_BROKER_DIR``, default ``<data dir>/broker``."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("TRIBUTARY_BROKER_DIR", "") or data_dir() / "broker")
+
+
 def broker_settings(environ: dict[str, str] | os._Environ[str] | None = None) -> dict[str, Any]:
     """Celery settings for the broker named by the environment (see the module docstring)."""
     env = os.environ if environ is None else environ
@@ -51,7 +57,7 @@ def broker_settings(environ: dict[str, str] | os._Environ[str] | None = None) ->
             "broker_url": redis_url,
             "broker_transport_options": {"visibility_timeout": 30 * 24 * 3600},
         }
-    folder = Path(env.get("TRIBUTARY_BROKER_DIR", "") or data_dir() / "broker")
+    folder = broker_folder(env)
     for sub in ("queue", "processed", "control"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     return {

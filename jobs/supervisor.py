@@ -219,6 +219,7 @@ class RunSupervisor:
         connect_timeout: float | None = None,
         python: str = sys.executable,
         shipper_options: dict[str, Any] | None = None,
+        gpus: list[int] | None = None,
     ) -> None:
         self.run_id = run_id
         self.config = dict(config)
@@ -234,6 +235,7 @@ class RunSupervisor:
         )
         self.python = python
         self.shipper_options = shipper_options or {}
+        self.gpus = gpus  # the CUDA devices lent to this run (None: the worker has none to lend)
 
         self.events_path = self.workdir / EVENTS_FILE
         self.engine_log_path = self.workdir / ENGINE_LOG_FILE
@@ -343,7 +345,11 @@ class RunSupervisor:
             sink.close()
             drained = shipper.finish(self.drain_timeout)
             return RunResult(
-                self.run_id, started=False, state="cancelled", acked_seq=shipper.acked_seq, drained=drained,
+                self.run_id,
+                started=False,
+                state="cancelled",
+                acked_seq=shipper.acked_seq,
+                drained=drained,
                 error=str(shipper.error or ""),
             )
 
@@ -359,7 +365,9 @@ class RunSupervisor:
             drained=drained,
             error=str(shipper.error or ""),
         )
-        log.info("run %s: %s (exit code %s), events acked up to seq %d", self.run_id, state, code, result.acked_seq)
+        log.info(
+            "run %s: %s (exit code %s), events acked up to seq %d", self.run_id, state, code, result.acked_seq
+        )
         return result
 
     def engine_command(self, config_path: Path) -> list[str]:
@@ -379,6 +387,8 @@ class RunSupervisor:
         env = dict(os.environ)
         env[DATA_DIR_ENV] = str(data_dir())
         env["PYTHONUNBUFFERED"] = "1"
+        if self.gpus is not None:  # only its own GPUs ("" keeps a CPU run off them)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         # Only what this engine writes counts when looking for its final status (a task
         # delivered again to this machine appends to the same log).
         self._log_start = self.events_path.stat().st_size if self.events_path.exists() else 0
@@ -418,7 +428,9 @@ class RunSupervisor:
         elif not self._killed and now - self._term_at >= self.cancel_grace:
             self._killed = True
             log.warning(
-                "run %s: the engine did not stop within %g s of SIGTERM: SIGKILL", self.run_id, self.cancel_grace
+                "run %s: the engine did not stop within %g s of SIGTERM: SIGKILL",
+                self.run_id,
+                self.cancel_grace,
             )
             _signal_group(proc.pid, signal.SIGKILL)
 

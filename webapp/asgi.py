@@ -3,7 +3,9 @@
 The sweeper runs as a background task of each web process (ASGI lifespan, served by
 uvicorn), so no extra process is needed in embedded mode and workers never need the
 database. It waits ``LOST_AFTER`` seconds after start-up before its first sweep, so workers
-that lost their socket while the web app was down get time to reconnect first.
+that lost their socket while the web app was down get time to reconnect first. Beside it,
+every ``ROUTE_EVERY`` seconds, queued runs' "waiting for a worker" messages are refreshed from
+the worker registry (``webapp.runs.routing``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 from webapp.live.routing import websocket_application  # noqa: E402
+from webapp.runs.routing import ROUTE_EVERY, refresh_all_waiting  # noqa: E402
 from webapp.runs.sweeper import sweep_lost_runs  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -40,15 +43,25 @@ async def _sweep_forever() -> None:
         await asyncio.sleep(settings.SWEEP_EVERY)
 
 
+async def _route_forever() -> None:
+    """Keep queued runs' "waiting for a worker" messages true as workers come and go."""
+    while True:
+        await asyncio.sleep(ROUTE_EVERY)
+        try:
+            await database_sync_to_async(refresh_all_waiting)()
+        except Exception:
+            log.exception("refreshing queued runs' messages failed")
+
+
 async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    task: asyncio.Task[None] | None = None
+    tasks: list[asyncio.Task[None]] = []
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
-            task = asyncio.create_task(_sweep_forever())
+            tasks = [asyncio.create_task(_sweep_forever()), asyncio.create_task(_route_forever())]
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

@@ -119,6 +119,17 @@ def test_sign_in_launch_watch_rollouts_cancel(site: Site, browser: Any, tiny_mod
     assert int(page.get_attribute("#run-step", "data-step")) > 0
     screenshot(page, test, "run-charts")
 
+    # The workers page: the deployment's worker, what it has, and this run on it.
+    workers = context.new_page()
+    workers.goto(f"{site.url}/workers/")
+    row = workers.locator("#workers tbody tr")
+    assert row.count() == 1
+    assert "cpu" in row.inner_text() and "torch" in row.locator(".worker-backends").inner_text()
+    # The worker published its entry again when it took the run (jobs.tasks): it lists it.
+    assert "from-the-form" in workers.inner_text("#workers .worker-runs")
+    screenshot(workers, test, "workers")
+    workers.close()
+
     # The rollout browser (loaded into #rollouts when its tab opens), then a search.
     page.click("#tab-rollouts")
     page.wait_for_selector("#rollouts #rollout-browser")

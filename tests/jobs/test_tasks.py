@@ -13,6 +13,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from jobs.app import SUPERVISE_TASK, make_app
+from jobs.registry import FileRegistry
 from jobs.supervisor import RUNS_DIR_ENV, WEB_URL_ENV
 from jobs.worker import queues, worker_argv
 
@@ -65,7 +66,9 @@ def engine_processes(marker: str) -> list[int]:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("State:"))
+            state = next(
+                line for line in (entry / "status").read_text().splitlines() if line.startswith("State:")
+            )
         except (OSError, StopIteration):
             continue
         if marker in cmdline and "zombie" not in state:
@@ -85,7 +88,10 @@ def start_worker_process(tmp_path: Path, web_url: str) -> subprocess.Popen[bytes
     log = (tmp_path / "worker.log").open("wb")
     return subprocess.Popen(
         [sys.executable, "-m", "jobs.worker", "--without-mingle", "--without-gossip"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -102,10 +108,16 @@ def test_stopping_the_worker_checkpoints_its_run_and_ships_the_end(
     fake.rotate_tokens = True
     queue(tmp_path, 22, tiny_config(tiny_model_dir, total_steps=500), fake.valid_token)
     worker = start_worker_process(tmp_path, fake.url)
+    registry = FileRegistry(tmp_path / "broker" / "workers")
     try:
         fake.wait_for(has_trained, timeout=120)
+        # The worker is in the registry with what it has and the run it holds.
+        (entry,) = registry.workers()
+        assert entry.capabilities.name == "test@localhost" and entry.capabilities.queues == ["cpu"]
+        assert entry.running == ["22"] and entry.capabilities.backends["torch"]
         worker.send_signal(signal.SIGTERM)  # what `manage.py serve` does on Ctrl-C
         assert worker.wait(timeout=120) == 0, (tmp_path / "worker.log").read_text()
+        assert registry.workers() == []  # it said goodbye
     finally:
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
@@ -118,7 +130,9 @@ def test_stopping_the_worker_checkpoints_its_run_and_ships_the_end(
     assert engine_processes(str(tmp_path / "runs" / "22")) == []
 
 
-def test_an_engine_does_not_outlive_a_killed_worker(fake_ingest, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_an_engine_does_not_outlive_a_killed_worker(
+    fake_ingest, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     fake = fake_ingest(23)
     queue(tmp_path, 23, tiny_config(tiny_model_dir, total_steps=500), fake.valid_token)
     worker = start_worker_process(tmp_path, fake.url)

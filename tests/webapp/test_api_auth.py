@@ -51,6 +51,7 @@ AUTHENTICATED = [
     ("delete", "/api/runs/{run}/shares/{share}", None),
     ("get", "/api/presets", None),
     ("get", "/api/schema", None),
+    ("get", "/api/workers", None),
 ]
 
 
@@ -236,6 +237,7 @@ def test_openapi_document(client_for: Callable[..., Client]) -> None:
         "/api/shared/{token}",
         "/api/presets",
         "/api/schema",
+        "/api/workers",
     ]:
         assert path in paths, path
     # Every operation is summarised, and the launch documents its 422.

@@ -171,7 +171,7 @@ def test_the_form_is_generated_from_the_schema(member_client: Client, project: P
     # Defaults are shown (the grpo preset is the default start).
     data = form_data(page)
     assert data["rollout.n"] == "8" and data["algorithm.loss_agg_mode"] == "seq-mean-token-mean"
-    assert data["queue"] == "cpu" and data["_mode"] == "form"
+    assert data["queue"] == "auto" and data["_mode"] == "form"
 
 
 def test_a_preset_re_renders_with_its_values(member_client: Client, project: Project) -> None:

@@ -24,7 +24,7 @@ from ninja.errors import AuthenticationError
 from ninja.operation import Operation
 
 from webapp.api.auth import API_AUTH
-from webapp.api.routers import account, data, engine, projects, runs, shares
+from webapp.api.routers import account, data, engine, projects, runs, shares, workers
 from webapp.runs.launch import CannotResume, RunConfigInvalid
 from webapp.runs.models import InvalidTransition
 from webapp.teams.access import Forbidden, NotFound
@@ -60,6 +60,7 @@ api.add_router("", runs.router)
 api.add_router("", data.router)
 api.add_router("", shares.router)
 api.add_router("", shares.public_router)
+api.add_router("", workers.router)
 
 
 def _detail(request: HttpRequest, message: str, status: int) -> HttpResponse:

@@ -236,7 +236,12 @@ class RunCreateIn(Schema):
         "underneath the given values.",
         json_schema_extra={"type": "object"},
     )
-    queue: str = Field("cpu", max_length=64, description="Worker queue: cpu, gpu, ...")
+    queue: str = Field(
+        "auto",
+        max_length=64,
+        description="Worker queue: cpu, gpu, a named pool, or auto (the queue of an online worker that has "
+        "what the config needs: GPUs, backends).",
+    )
     tags: list[str] = Field(default_factory=list)
     notes: str = Field("", max_length=100_000)
 
@@ -366,3 +371,26 @@ class ShareOut(Schema):
     created_at: datetime
     revoked_at: datetime | None
     active: bool
+
+
+class GpuOut(Schema):
+    index: int
+    name: str
+    memory_gb: float
+    busy: bool
+
+
+class WorkerOut(Schema):
+    name: str = Field(description="Celery node name.")
+    host: str
+    queues: list[str] = Field(description="Queues it takes runs from.")
+    concurrency: int = Field(description="Runs at a time.")
+    cpus: int
+    memory_gb: float
+    gpus: list[GpuOut]
+    backends: dict[str, str] = Field(description="Installed backends and their versions.")
+    platform: str
+    running: int = Field(description="Runs it holds now (of every team).")
+    runs: list[RunRef] = Field(description="The runs it holds that the caller may see.")
+    started_at: datetime
+    seen_at: datetime

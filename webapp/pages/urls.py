@@ -5,12 +5,13 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from webapp.pages import home
+from webapp.pages import home, workers
 
 urlpatterns = [
     path("", home.home, name="home"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("workers/", workers.workers, name="workers"),
     path("", include("webapp.pages.teams.urls")),
     path("", include("webapp.pages.runs.urls")),
     path("", include("webapp.pages.launch.urls")),

@@ -18,6 +18,7 @@ from django.utils import timezone
 from engine.config import ConfigError, build_config, deep_merge
 from jobs.app import SUPERVISE_TASK
 from webapp.live.groups import tell_worker_to_cancel
+from webapp.runs import routing
 from webapp.runs.choices import FINAL_STATUSES, ParentKind, RunStatus
 from webapp.runs.models import Checkpoint, InvalidTransition, Run
 from webapp.runs.tokens import ingest_token
@@ -45,7 +46,9 @@ def validate_run_config(config: dict[str, Any]) -> dict[str, Any]:
     try:
         cfg = build_config(dict(config))
     except ConfigError as exc:
-        raise RunConfigInvalid([(f"config.{path}" if path else "config", msg) for path, msg in exc.problems]) from None
+        raise RunConfigInvalid(
+            [(f"config.{path}" if path else "config", msg) for path, msg in exc.problems]
+        ) from None
     return cfg.model_dump(mode="json")
 
 
@@ -53,7 +56,12 @@ def _check_queue(queue: str) -> str:
     queue = (queue or "cpu").strip().lower()
     if not queue or len(queue) > 64 or set(queue) - QUEUE_CHARS:
         raise RunConfigInvalid(
-            [("queue", f"{queue!r} is not a queue name: use letters, digits, '-', '_' or '.' (e.g. cpu, gpu)")]
+            [
+                (
+                    "queue",
+                    f"{queue!r} is not a queue name: use letters, digits, '-', '_' or '.' (e.g. cpu, gpu)",
+                )
+            ]
         )
     return queue
 
@@ -76,7 +84,7 @@ def create_run(
 
     ``resume_path`` overrides where the engine resumes from (default: ``resume_from.path``)."""
     validated = validate_run_config(config)
-    queue = _check_queue(queue)
+    queue = routing.resolve_queue(_check_queue(queue), validated, routing.live_workers())
     name = (name or validated.get("name") or "run").strip()[:200]
     with transaction.atomic():
         run = Run.objects.create(
@@ -112,6 +120,7 @@ def queue_run(run: Run, *, resume_path: str | None = None) -> None:
         },
         queue=run.queue,
     )
+    routing.refresh_waiting(run, routing.live_workers())
 
 
 def request_cancel(run: Run, message: str = "") -> Run:
@@ -189,4 +198,3 @@ def resume_run(parent: Run, user: Any, checkpoint: Checkpoint | None = None, *, 
         resume_from=checkpoint,
         resume_path=resume_path,
     )
-

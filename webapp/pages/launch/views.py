@@ -21,9 +21,11 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from engine.config import PRESETS, ConfigError, deep_merge, json_schema, load_yaml, resolve_preset
 from webapp.pages.launch import schema_form
+from webapp.runs import routing
 from webapp.runs.choices import ParentKind
 from webapp.runs.launch import QUEUE_CHARS, RunConfigInvalid, create_run, validate_run_config
 from webapp.runs.models import Run
+from webapp.runs.routing import AUTO
 from webapp.teams import access
 from webapp.teams.choices import Role
 from webapp.teams.models import Project
@@ -106,7 +108,7 @@ def _source_run(request: HttpRequest, run_id: str) -> Run:
 
 def _initial(request: HttpRequest) -> tuple[_Editor, dict[str, Any]]:
     """The editor and launch fields of a GET: a preset, or a clone of a run."""
-    launch: dict[str, Any] = {"queue": "cpu", "tags": "", "notes": "", "from_run": None, "preset": ""}
+    launch: dict[str, Any] = {"queue": AUTO, "tags": "", "notes": "", "from_run": None, "preset": ""}
     source = request.GET.get("from")
     if source:
         run = _source_run(request, source)
@@ -125,7 +127,7 @@ def _posted(request: HttpRequest) -> tuple[_Editor, dict[str, Any]]:
     """The editor state and launch fields of a POST."""
     data = request.POST
     launch: dict[str, Any] = {
-        "queue": data.get("queue", "cpu"),
+        "queue": data.get("queue", AUTO),
         "tags": data.get("tags", ""),
         "notes": data.get("notes", ""),
         "from_run": None,
@@ -227,6 +229,8 @@ def _page(
         "editor": editor.context(),
         "launch": launch,
         "presets": [{"name": n, "label": PRESET_LABELS.get(n, n)} for n in PRESETS],
+        # The queues online workers serve, offered beside "auto" (any name may be typed).
+        "queues": sorted({q for w in routing.live_workers() for q in w.capabilities.queues}),
         **extra,
     }
     return render(request, "pages/launch/new.html", context, status=status)
@@ -248,7 +252,7 @@ def _tags(text: str) -> list[str]:
 def _launch(request: HttpRequest, project: Project, editor: _Editor, launch: dict[str, Any]) -> HttpResponse:
     config = _config_of(editor)
     launch_errors: dict[str, str] = {}
-    queue = (launch["queue"] or "cpu").strip().lower()
+    queue = (launch["queue"] or AUTO).strip().lower()
     if len(queue) > 64 or set(queue) - QUEUE_CHARS:
         launch_errors["queue"] = (
             f"{queue!r} is not a queue name: use letters, digits, '-', '_' or '.' (e.g. cpu, gpu)"
@@ -268,7 +272,7 @@ def _launch(request: HttpRequest, project: Project, editor: _Editor, launch: dic
                 request.user,
                 config,
                 name=str(config.get("name") or ""),
-                queue=launch["queue"] or "cpu",
+                queue=launch["queue"] or AUTO,
                 tags=_tags(launch["tags"]),
                 notes=launch["notes"],
                 parent=parent,
