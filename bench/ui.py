@@ -7,6 +7,8 @@ Chromium (driven by Playwright, tests/e2e/browser.py) signs in through the login
 - first chart: navigation to ``/runs/<id>/`` of a finished run -> the first chart panel holds
   points (``.chart-panel[data-points] > 0``, set by charts.js just before uPlot draws) and the
   frame after it (the chart painted); also all panels drawn and ``body[data-history-loaded]``.
+  The page asks for its first panel's series alone, then for the rest: "history" is when the
+  last of those responses ended, "series KB" what they weighed together.
   Times are ``performance.now()`` in the page (0 = navigation start), ``--repeats`` loads.
 - streaming: the run page of a running run with the same history is open while the worker's
   real ``EventShipper`` ships an engine event log written at ``--rate`` points/s (one metrics
@@ -150,11 +152,12 @@ def first_chart(context: Any, url: str, reference: bool) -> dict[str, float]:
     out = page.evaluate(
         """() => {
           const nav = performance.getEntriesByType("navigation")[0];
-          const series = performance.getEntriesByType("resource").find((r) => r.name.includes("/metrics/series"));
+          const series = performance.getEntriesByType("resource").filter((r) => r.name.includes("/metrics/series"));
           return {
             first_points: window.__bench.firstPoints, first_paint: window.__bench.firstPaint,
-            dom_loaded: nav.domContentLoadedEventEnd, series_end: series ? series.responseEnd : null,
-            series_kb: series ? series.encodedBodySize / 1024 : null,
+            dom_loaded: nav.domContentLoadedEventEnd,
+            series_end: Math.max(...series.map((r) => r.responseEnd)),
+            series_kb: series.reduce((kb, r) => kb + r.encodedBodySize / 1024, 0),
             points: Number(document.querySelector('#charts').dataset.points),
             panels: document.querySelectorAll('.chart-panel').length,
           };
@@ -286,8 +289,8 @@ def main() -> None:
     site.deployment.start_web()
     loads: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     streams: dict[bool, dict] = {}
+    gen = tributary_playwright()
     try:
-        gen = tributary_playwright()
         playwright = next(gen)
         browser = launch_chromium(playwright)
         context, console = new_context(browser)
@@ -300,8 +303,8 @@ def main() -> None:
         streams[True] = streaming(context, site, stream_ref, args.steps, args, True, workdir)
         context.close()
         browser.close()
-        gen.close()
     finally:
+        gen.close()  # stops Playwright's driver (its thread would keep the process alive)
         site.deployment.stop_all()
 
     n = args.metrics * args.steps

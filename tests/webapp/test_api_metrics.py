@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from webapp.api import queries
 from webapp.runs.models import MetricPoint, Run
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -128,6 +129,25 @@ def test_downsampling_with_gaps_and_after_step(api_run: Run, viewer_client: Clie
     assert tail["total"] == 399 and tail["step"][0] == 5101 and tail["step"][-1] == 5499
     kept = [(s, v) for s, v in zip(steps, values) if s > 5100]
     assert tail["max"] == [e[3] for e in python_buckets(kept, 50)]
+
+
+def test_every_series_or_all_but_some(api_run: Run, viewer_client: Client) -> None:
+    """The run page asks for its first panel's series, then for the rest with ``exclude``."""
+    add_points(api_run, "reward/mean", [1, 2, 3], [0.1, 0.2, 0.3])
+    add_points(api_run, "actor/entropy", [2, 4], [1.5, 1.25])
+    add_points(api_run, "actor/kl_loss", [1], [0.5])
+    names = lambda q: [s["name"] for s in series(viewer_client, api_run, q)["series"]]  # noqa: E731
+    assert names("") == ["actor/entropy", "actor/kl_loss", "reward/mean"]
+    assert names("?exclude=reward/mean") == ["actor/entropy", "actor/kl_loss"]
+    assert names("?exclude=reward/mean,actor/kl_loss&exclude=nothing") == ["actor/entropy"]
+    assert names("?names=reward/mean,actor/kl_loss&exclude=actor/kl_loss") == ["reward/mean"]
+    assert names("?exclude=reward/mean,actor/kl_loss,actor/entropy") == []
+    # Without names, only the metrics with points after after_step come back.
+    assert names("?after_step=3") == ["actor/entropy"]
+    assert queries.metric_name_list(api_run) == ["actor/entropy", "actor/kl_loss", "reward/mean"]
+    assert (
+        queries.metric_name_list(Run.objects.create(project=api_run.project, name="empty", config={})) == []
+    )
 
 
 def test_downsampling_along_wall_clock_time(api_run: Run, viewer_client: Client) -> None:

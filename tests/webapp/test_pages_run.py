@@ -81,6 +81,11 @@ def test_member_sees_header_actions_and_tabs(
     data = _data(page)
     assert data["api"] == f"/api/runs/{api_run.pk}" and data["socket"] == f"/ws/runs/{api_run.pk}/"
     assert data["share"] == "" and data["run"]["total_steps"] == 50 and data["run"]["is_final"] is False
+    assert data["metric_names"] == []  # nothing logged yet
+    for name in ("reward/mean", "actor/entropy"):
+        MetricPoint.objects.create(run=api_run, name=name, step=1, value=0.5, time=timezone.now(), seq=1)
+    # The page fetches its first panel's history on its own: it needs every name up front.
+    assert _data(_page(client_for(member), api_run))["metric_names"] == ["actor/entropy", "reward/mean"]
     assert "uPlot.iife.min.js" in page and "tributary/run.js" in page
 
 

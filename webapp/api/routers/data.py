@@ -20,6 +20,10 @@ SampleSort = Literal["step", "-step", "reward", "-reward", "length", "-length"]
 
 # Query parameters shared with the read-only share API (webapp.api.routers.shares).
 NAMES = Query(None, description="Metric names, comma-separated or repeated; default: all.")
+EXCLUDE = Query(
+    None,
+    description="Metric names to leave out, as for names (a page that already holds some asks for the rest).",
+)
 MAX_POINTS = Query(
     1000, ge=10, le=20_000, description="Downsample a longer series to about this many points."
 )
@@ -37,14 +41,24 @@ CSV_DOC = {
 
 
 def series_response(
-    run: Run, names: list[str] | None, max_points: int, after_step: int | None, x: str
+    run: Run,
+    names: list[str] | None,
+    exclude: list[str] | None,
+    max_points: int,
+    after_step: int | None,
+    x: str,
 ) -> Any:
     return {
         "run_id": run.pk,
         "x": x,
         "max_points": max_points,
         "series": queries.metric_series(
-            run, queries.split_names(names), max_points=max_points, after_step=after_step, x=x
+            run,
+            queries.split_names(names),
+            exclude=queries.split_names(exclude),
+            max_points=max_points,
+            after_step=after_step,
+            x=x,
         ),
     }
 
@@ -62,6 +76,7 @@ def metric_series(
     request: HttpRequest,
     run_id: int,
     names: list[str] | None = NAMES,
+    exclude: list[str] | None = EXCLUDE,
     max_points: int = MAX_POINTS,
     after_step: int | None = AFTER_STEP,
     x: Literal["step", "time"] = X_AXIS,
@@ -73,7 +88,7 @@ def metric_series(
     ``x``, each reported by its first step and time, its mean value, and ``min[]``/``max[]``
     for a band (``downsampled: true``)."""
     run = run_for(request.auth, run_id, Role.VIEWER)
-    return series_response(run, names, max_points, after_step, x)
+    return series_response(run, names, exclude, max_points, after_step, x)
 
 
 @router.get(

@@ -18,6 +18,7 @@ from webapp.api.routers.data import (
     AFTER_STEP,
     CSV_DOC,
     CSV_FORMAT,
+    EXCLUDE,
     LIMIT,
     MAX_POINTS,
     NAMES,
@@ -106,12 +107,13 @@ def shared_series(
     request: HttpRequest,
     token: str,
     names: list[str] | None = NAMES,
+    exclude: list[str] | None = EXCLUDE,
     max_points: int = MAX_POINTS,
     after_step: int | None = AFTER_STEP,
     x: Literal["step", "time"] = X_AXIS,
 ) -> Any:
     """As GET /api/runs/{id}/metrics/series."""
-    return series_response(_shared(token), names, max_points, after_step, x)
+    return series_response(_shared(token), names, exclude, max_points, after_step, x)
 
 
 @public_router.get(

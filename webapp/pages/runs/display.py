@@ -28,8 +28,12 @@ def _ts(value: Any) -> float | None:
     return value.timestamp() if value else None
 
 
-def page_data(detail: dict[str, Any], token: str = "") -> dict[str, Any]:
-    """The JSON the page's scripts start from (rendered with ``json_script``)."""
+def page_data(detail: dict[str, Any], metric_names: list[str], token: str = "") -> dict[str, Any]:
+    """The JSON the page's scripts start from (rendered with ``json_script``).
+
+    ``metric_names`` lets the page fetch the history of its first chart panel on its own and
+    draw it before the rest arrives (a long run's full history takes a while to downsample).
+    """
     run_id = detail["id"]
     socket = f"/ws/runs/{run_id}/"
     return {
@@ -46,6 +50,7 @@ def page_data(detail: dict[str, Any], token: str = "") -> dict[str, Any]:
             "total_steps": (detail["config"].get("trainer") or {}).get("total_steps"),
             "worker_host": detail["worker_host"],
         },
+        "metric_names": metric_names,
         "api": f"/api/shared/{token}" if token else f"/api/runs/{run_id}",
         "socket": socket,
         "share": token,

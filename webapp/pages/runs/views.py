@@ -77,7 +77,7 @@ def _render_run(request: HttpRequest, run: Run, role: Role | None, token: str = 
         "tags_value": ", ".join(detail["tags"]),
         "notes_value": detail["notes"],
         "base_path": f"/share/{token}/" if shared else f"/runs/{run.pk}/",
-        "page_data": page_data(detail, token),
+        "page_data": page_data(detail, queries.metric_name_list(run), token),
     }
     return render(request, "pages/runs/run.html", context)
 

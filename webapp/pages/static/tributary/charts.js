@@ -22,6 +22,14 @@
     return Math.max(40, 14 + longest * 7);
   }
 
+  // A linear y range around the data; a flat series (a reward stuck at 0, a constant learning
+  // rate) gets a band of +-10% (+-1 around zero) instead of uPlot's 0..100 default.
+  function yRange(u, min, max) {
+    if (min == null || max == null) return [0, 1];
+    if (min === max) { const pad = Math.abs(min) * 0.1 || 1; return [min - pad, max + pad]; }
+    return uPlot.rangeNum(min, max, 0.1, true);
+  }
+
   // The default panels, in order. A metric goes to the first panel that takes it; any other
   // metric goes to a panel of its prefix (the part before the first "/").
   const DEFAULT_PANELS = [
@@ -285,7 +293,8 @@
       return panel;
     }
 
-    order() {
+    // Page order of panel ids: pinned first (in pin order), then the default RL panels, then the rest by name.
+    sortIds(ids) {
       const defaults = DEFAULT_PANELS.map((d) => d.id);
       const rank = (id) => {
         const pinned = this.pins.indexOf(id);
@@ -293,10 +302,19 @@
         const d = defaults.indexOf(id);
         return d >= 0 ? [1, d, ""] : [2, 0, id];
       };
-      return [...this.panels.values()].sort((a, b) => {
-        const ra = rank(a.id), rb = rank(b.id);
+      return ids.slice().sort((a, b) => {
+        const ra = rank(a), rb = rank(b);
         return ra[0] - rb[0] || ra[1] - rb[1] || (ra[2] < rb[2] ? -1 : ra[2] > rb[2] ? 1 : 0);
       });
+    }
+
+    order() { return this.sortIds([...this.panels.keys()]).map((id) => this.panels.get(id)); }
+
+    // The metrics of the panel that comes first on the page (not hidden), among `names`: the
+    // page fetches their history first so one chart is drawn before the rest has arrived.
+    firstPanelNames(names) {
+      const ids = this.sortIds([...new Set(names.map(panelFor))]).filter((id) => !this.hidden.has(id));
+      return ids.length ? names.filter((n) => panelFor(n) === ids[0]) : [];
     }
 
     layout() {
@@ -466,8 +484,9 @@
         { size: axisWidth, values: (u, vals) => vals.map(fmt) },
       ];
       if (hasY2) axes.push({ scale: "y2", side: 1, grid: { show: false }, size: axisWidth, values: (u, vals) => vals.map(fmt) });
-      const scales = { x: { time: xMode === "time" && !this.compare }, y: this.opts.log ? { distr: 3 } : {} };
-      if (hasY2) scales.y2 = {};
+      const linear = { range: yRange };
+      const scales = { x: { time: xMode === "time" && !this.compare }, y: this.opts.log ? { distr: 3 } : linear };
+      if (hasY2) scales.y2 = linear;
       return {
         width, height: 220,
         series, axes, scales, bands: def.stacked ? bands : undefined,
@@ -560,9 +579,13 @@
     if (log) log.addEventListener("change", () => grid.setLog(log.checked));
   }
 
-  // Fetch the history of one run: all series, downsampled to about `maxPoints` each.
-  async function fetchSeries(api, maxPoints = 1000) {
-    const res = await fetch(`${api}/metrics/series?max_points=${maxPoints}&x=step`, { credentials: "same-origin" });
+  // Fetch the history of one run, downsampled to about `maxPoints` per series: every series, or
+  // only `names`, or all but `exclude`.
+  async function fetchSeries(api, maxPoints = 1000, { names = null, exclude = null } = {}) {
+    const query = new URLSearchParams({ max_points: String(maxPoints), x: "step" });
+    if (names) query.set("names", names.join(","));
+    if (exclude && exclude.length) query.set("exclude", exclude.join(","));
+    const res = await fetch(`${api}/metrics/series?${query}`, { credentials: "same-origin" });
     if (!res.ok) throw new Error(`metrics: HTTP ${res.status}`);
     return (await res.json()).series;
   }

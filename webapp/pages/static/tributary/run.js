@@ -198,7 +198,13 @@
           show.step(fresh.last_step);
         }
       }
-      grid.loadHistory(0, await C.fetchSeries(data.api, 1000));
+      // The first panel's series alone, drawn at once; then everything else.
+      const first = grid.firstPanelNames(data.metric_names);
+      if (first.length && first.length < data.metric_names.length) {
+        grid.loadHistory(0, await C.fetchSeries(data.api, 1000, { names: first }));
+        grid.schedule();
+      }
+      grid.loadHistory(0, await C.fetchSeries(data.api, 1000, { exclude: first }));
       grid.setMessage("");
     } catch (err) {
       grid.setMessage("Could not load the metrics history: " + err.message);
