@@ -1,7 +1,7 @@
 """Whole DeepSpeed runs through ``python -m engine run``: 2 rank processes started by the engine.
 
-The same small run as ``test_run.py`` with ``trainer.backend: deepspeed`` (ZeRO-2 and ZeRO-3,
-2 ranks on CPU with gloo) against ``trainer.backend: torch``: one event log written by rank 0
+The same small run as ``test_run.py`` with ``trainer.backend: deepspeed`` (ZeRO-2, ZeRO-3, and
+ZeRO-3 with optimizer and parameters offloaded; 2 ranks on CPU with gloo) against ``trainer.backend: torch``: one event log written by rank 0
 alone, the same metrics step for step (same rollouts, since the rollout backend samples from
 weights equal to the torch run's), DeepSpeed's partitions in every checkpoint, and a cancel
 (SIGTERM to the launcher, as the job supervisor sends it) that checkpoints and resumes.
@@ -35,8 +35,8 @@ def engine_run(cfg: dict, path: Path, *extra: str, timeout: float = 300) -> subp
     )
 
 
-def deepspeed(cfg: dict, stage: int) -> dict:
-    cfg["trainer"] |= {"backend": "deepspeed", "zero_stage": stage, "num_ranks": 2, "device": "cpu"}
+def deepspeed(cfg: dict, stage: int, **options: str) -> dict:
+    cfg["trainer"] |= {"backend": "deepspeed", "zero_stage": stage, "num_ranks": 2, "device": "cpu", **options}
     return cfg
 
 
@@ -50,11 +50,19 @@ def torch_metrics(
     return metrics_by_step(read_events(out / "run" / "events.jsonl"))
 
 
-@pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
+@pytest.mark.parametrize(
+    ("stage", "options"),
+    [(2, {}), (3, {}), (3, {"offload_optimizer": "cpu", "offload_param": "cpu"})],
+    ids=["zero2", "zero3", "zero3-offload"],
+)
 def test_deepspeed_run_matches_the_torch_run(
-    stage: int, tiny_model_dir: Path, tmp_path: Path, torch_metrics: dict[int, dict[str, float]]
+    stage: int,
+    options: dict[str, str],
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    torch_metrics: dict[int, dict[str, float]],
 ) -> None:
-    cfg = deepspeed(small_config(tiny_model_dir, tmp_path / "run", total_steps=STEPS), stage)
+    cfg = deepspeed(small_config(tiny_model_dir, tmp_path / "run", total_steps=STEPS), stage, **options)
     proc = engine_run(cfg, tmp_path / "run.json")
     assert proc.returncode == EXIT_SUCCEEDED, proc.stderr
     assert proc.stderr.count("succeeded: events in") == 1, proc.stderr  # rank 0 alone speaks for the run
