@@ -437,13 +437,6 @@ class TrainerConfig(Section):
     eval_pass_k: int = Field(
         4, ge=0, le=64, title="pass@k", description="Samples per eval prompt for pass@k (0 = greedy only)."
     )
-    max_staleness: int = Field(
-        0,
-        ge=0,
-        le=0,
-        title="Max staleness",
-        description="Policy versions a rollout may lag the trainer; 0 = strictly on-policy (the only mode so far).",
-    )
 
     @model_validator(mode="after")
     def _mini_batch_divides(self) -> TrainerConfig:
@@ -492,10 +485,57 @@ class LoggingConfig(Section):
     )
 
 
+class AsyncConfig(Section):
+    """Asynchronous RL: rollout generation overlapped with training, and the off-policy correction
+    that makes training on slightly stale samples safe (engine/pipeline/async_loop.py)."""
+
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=64,
+        title="Max staleness",
+        description="Policy versions a sample may lag the trainer (k). 0 = the synchronous on-policy loop; "
+        "k > 0 generates up to k batches ahead of training, and the trainer never trains on a sample more "
+        "than k versions old.",
+    )
+    importance_cap: float = Field(
+        2.0,
+        ge=0.0,
+        le=1000.0,
+        title="Importance weight cap",
+        description="k > 0: each token's loss is weighted by pi_trainer / pi_rollout (the decoupled "
+        "objective), truncated at this cap (TIS). 0 = no correction.",
+    )
+    mask_sequences_above: float = Field(
+        0.0,
+        ge=0.0,
+        title="Mask extreme sequences",
+        description="k > 0: leave out of the loss every sequence whose geometric-mean importance weight is "
+        "above this value or below its inverse (e.g. 2.0). 0 = keep every sequence.",
+    )
+
+    @model_validator(mode="after")
+    def _mask_threshold(self) -> AsyncConfig:
+        if 0.0 < self.mask_sequences_above <= 1.0:
+            raise ValueError(
+                f"async.mask_sequences_above: {self.mask_sequences_above} would mask every sequence; "
+                "use a value above 1 (e.g. 2.0), or 0 to keep every sequence"
+            )
+        return self
+
+
 class RunConfig(Section):
     """A complete, validated RL run."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, title="Tributary run")
+    # ``async`` is a Python keyword: the field is ``async_``, spelled ``async`` in YAML, JSON and the schema.
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        title="Tributary run",
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
 
     name: str = Field("run", title="Run name", min_length=1, max_length=200)
     preset: str | None = Field(None, title="Preset", description="The preset this config started from.")
@@ -511,6 +551,20 @@ class RunConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, title="Trainer")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, title="Checkpointing")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, title="Logging")
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async", title="Asynchronous RL")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_fields(cls, data: Any) -> Any:
+        """``trainer.max_staleness`` (always 0 before the async section existed) is now ``async.max_staleness``:
+        configs stored by earlier versions still validate (and clone, fork, resume)."""
+        if isinstance(data, dict) and isinstance(data.get("trainer"), dict) and "max_staleness" in data["trainer"]:
+            trainer = dict(data["trainer"])
+            moved = trainer.pop("max_staleness")
+            section = dict(data.get("async") or {})
+            section.setdefault("max_staleness", moved)
+            data = {**data, "trainer": trainer, "async": section}
+        return data
 
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:

@@ -24,6 +24,7 @@ from engine.config import RunConfig
 from engine.data import PromptSampler, load_prompts
 from engine.events import EventSink, Heartbeat
 from engine.models import load_model, load_tokenizer, resolve_model_path
+from engine.pipeline.async_loop import AsyncOrchestrator
 from engine.pipeline.learner import Learner, needs_reference
 from engine.pipeline.orchestrator import Orchestrator
 from engine.pipeline.producer import RolloutProducer
@@ -166,11 +167,14 @@ def _train(
             "warning", f"{splits.skipped_too_long} prompts longer than data.max_prompt_length were skipped"
         )
     sampler = PromptSampler(splits.train, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
-    # ZeRO-3 partitions the policy's parameters across ranks in place: the torch rollout backend
-    # then samples from a whole copy of its own, refreshed from the gathered weights after each step.
-    rollout_model = (
-        copy.deepcopy(model) if cfg.trainer.backend == "deepspeed" and cfg.trainer.zero_stage == 3 else model
+    # The torch rollout backend samples from the trainer's own module, except where that module
+    # does not hold whole, settled weights: ZeRO-3 partitions its parameters across ranks, and an
+    # asynchronous run generates while the trainer updates. There it gets a copy of its own,
+    # refreshed from the (gathered) weights after each step.
+    own_copy = issubclass(orchestrator_class(cfg), AsyncOrchestrator) or (
+        cfg.trainer.backend == "deepspeed" and cfg.trainer.zero_stage == 3
     )
+    rollout_model = copy.deepcopy(model) if own_copy else model
     backend = make_rollout_backend(
         cfg.rollout.backend,
         rollout_model,
@@ -206,7 +210,7 @@ def _train(
         producer = RolloutProducer(
             cfg, sampler=sampler, backend=backend, rewards=rewards, pad_id=tokenizer.pad_token_id
         )
-        orchestrator = Orchestrator(
+        orchestrator = orchestrator_class(cfg)(
             cfg,
             producer=producer,
             learner=learner,
@@ -227,6 +231,11 @@ def _train(
             backend.close()
             trainer.close()
     return outcome.state, outcome.step
+
+
+def orchestrator_class(cfg: RunConfig) -> type[Orchestrator]:
+    """The synchronous loop, or with ``async.max_staleness`` > 0 the producer thread running ahead."""
+    return AsyncOrchestrator if cfg.async_.max_staleness > 0 else Orchestrator
 
 
 def make_trainer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> TrainerBackend:

@@ -48,6 +48,7 @@ class RolloutBatch:
     token_level_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None  # [B, R] off-policy correction (asynchronous runs)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:

@@ -7,6 +7,7 @@ import time
 import torch
 
 from engine.algorithms import apply_kl_penalty, get_adv_estimator_fn, get_kl_controller
+from engine.algorithms.off_policy import importance_weights
 from engine.config import RunConfig
 from engine.pipeline.batch import RolloutBatch
 from engine.trainer import TrainerBackend
@@ -45,8 +46,16 @@ class Learner:
         """
         t = self.cfg.trainer
         single_update = t.ppo_epochs == 1 and (t.ppo_mini_batch_size or t.prompts_per_step) == t.prompts_per_step
-        return not (single_update and t.max_staleness == 0 and not self.cfg.algorithm.use_kl_in_reward)
+        return not (single_update and self.cfg.async_.max_staleness == 0 and not self.cfg.algorithm.use_kl_in_reward)
 
+
+    @property
+    def corrects_off_policy(self) -> bool:
+        """The decoupled objective (engine/algorithms/off_policy.py) for asynchronous runs: behaviour =
+        the rollout's log-probs, proximal = the trainer's recomputation. A synchronous run (k = 0) trains
+        exactly as before."""
+        a = self.cfg.async_
+        return a.max_staleness > 0 and (a.importance_cap > 0 or a.mask_sequences_above > 0)
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Fill ``old_log_probs``, ``ref_log_probs``, ``token_level_rewards`` and ``advantages``."""
@@ -58,6 +67,15 @@ class Learner:
             batch.old_log_probs = self.trainer.compute_log_probs(batch)
             metrics["timing_s/old_logprob"] = time.perf_counter() - t0
             metrics.update(logprob_mismatch(batch.old_log_probs, batch.rollout_log_probs, mask))
+            if self.corrects_off_policy:
+                batch.is_weights, is_metrics = importance_weights(
+                    batch.old_log_probs,
+                    batch.rollout_log_probs,
+                    mask,
+                    cap=self.cfg.async_.importance_cap,
+                    mask_threshold=self.cfg.async_.mask_sequences_above,
+                )
+                metrics.update(is_metrics)
         if needs_reference(self.cfg):
             t0 = time.perf_counter()
             batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)

@@ -205,6 +205,7 @@ def actor_loss(
         response_mask=mask,
         loss_agg_mode=algo.loss_agg_mode,
         config=policy_loss_config,
+        rollout_is_weights=batch.is_weights,
     )
     loss = pg_loss
     metrics = {"actor/pg_loss": float(pg_loss.detach()), **extra}

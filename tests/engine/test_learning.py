@@ -1,4 +1,5 @@
-"""The engine really learns: DAPO from the starter policy raises held-out accuracy.
+"""The engine really learns: DAPO from the starter policy raises held-out accuracy, on-policy and
+asynchronous (k = 2).
 
 Bounded by steps, never by wall-clock. The starter policy is built once per data directory
 (tests/conftest.py points it at .cache/test-data) and reused by later runs.
@@ -20,13 +21,17 @@ STEPS = 100
 # paths differ, and RL trajectories with them). Five points is far outside what a policy that
 # does not learn drifts on a fixed eval set, and inside every measured trajectory.
 MARGIN = 0.05
+# Asynchronous, k = 2 (every batch 2 versions stale once the producer is ahead, corrected by
+# truncated importance weights): +0.076 and +0.084 with trainer.seed 0 and 1 on the AVX-512 machine.
 
 
 @pytest.mark.slow
-def test_dapo_raises_eval_accuracy_from_the_starter_policy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("staleness", [0, 2], ids=["sync", "async-k2"])
+def test_dapo_raises_eval_accuracy_from_the_starter_policy(staleness: int, tmp_path: Path) -> None:
     cfg = load_config(
         "dapo",
         [
+            f"async.max_staleness={staleness}",
             "data.eval_size=512",
             f"trainer.total_steps={STEPS}",
             f"trainer.eval_every={STEPS}",
@@ -45,3 +50,5 @@ def test_dapo_raises_eval_accuracy_from_the_starter_policy(tmp_path: Path) -> No
     # The run stayed healthy: entropy neither collapsed to zero nor exploded.
     entropy = [metrics[s]["actor/entropy"] for s in range(1, STEPS + 1)]
     assert 0.0 < entropy[-1] < 5.0
+    if staleness:
+        assert max(metrics[s]["async/staleness_max"] for s in range(1, STEPS + 1)) == staleness

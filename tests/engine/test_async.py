@@ -1,0 +1,223 @@
+"""Asynchronous RL: the staleness bound, k = 0 equivalence, the off-policy correction, resume.
+
+The bound is checked twice: a property test drives the producer/trainer gate with real threads
+and random durations, and real runs report every batch's staleness (the orchestrator also
+refuses any batch over the bound, so a run that ends ``succeeded`` never trained on one).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import engine.run
+from engine.algorithms.off_policy import importance_weights
+from engine.config import ConfigError, build_config, load_config
+from engine.pipeline.async_loop import AsyncOrchestrator, GateClosed, StalenessGate
+from engine.run import EXIT_CANCELLED, EXIT_SUCCEEDED, execute
+from tests.engine.test_run import metrics_by_step, read_events, small_config
+
+# ----------------------------------------------------------------------------- the gate
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    k=st.integers(0, 4),
+    steps=st.integers(1, 25),
+    seed=st.integers(0, 2**16),
+)
+def test_staleness_never_exceeds_k_whatever_the_durations(k: int, steps: int, seed: int) -> None:
+    """A producer thread and a trainer with random generate/train times (0-3 ms each): the
+    version each batch was generated with never lags the trainer's by more than k, and with a
+    slow trainer the producer does run ahead (the bound is reached, not just respected)."""
+    rng = random.Random(seed)
+    gen_s = [rng.random() * 0.003 for _ in range(steps + 1)]
+    train_s = [rng.random() * 0.003 for _ in range(steps + 1)]
+    gate = StalenessGate(k, trained_step=0)
+    version = 0  # the trainer's policy version; one update per step
+    handed: list[tuple[int, int]] = []
+    cond = threading.Condition()
+
+    def produce() -> None:
+        for step in range(1, steps + 1):
+            gate.wait(step)
+            generated_with = version  # the newest weights when generation starts
+            time.sleep(gen_s[step])
+            with cond:
+                handed.append((step, generated_with))
+                cond.notify_all()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    lags = []
+    for step in range(1, steps + 1):
+        with cond:
+            while len(handed) < step:
+                cond.wait()
+            got, generated_with = handed[step - 1]
+        assert got == step
+        lags.append(version - generated_with)
+        time.sleep(train_s[step])
+        version += 1
+        gate.trained(step)
+    thread.join()
+    assert max(lags) <= k, lags
+
+
+def test_a_slow_trainer_lets_the_producer_run_exactly_k_ahead() -> None:
+    gate = StalenessGate(2, trained_step=0)
+    assert [gate.may_generate(s) for s in (1, 2, 3, 4)] == [True, True, True, False]
+    gate.trained(1)
+    assert gate.may_generate(4) and not gate.may_generate(5)
+    outcome: list[str] = []
+
+    def wait_for_step_9() -> None:
+        try:
+            gate.wait(9)
+            outcome.append("passed")
+        except GateClosed:
+            outcome.append("closed")
+
+    waiting = threading.Thread(target=wait_for_step_9)
+    waiting.start()
+    gate.close()
+    waiting.join(timeout=10)
+    assert outcome == ["closed"]
+
+
+# ----------------------------------------------------------------------------- the correction
+
+
+def test_importance_weights_are_one_when_behaviour_and_proximal_coincide() -> None:
+    gen = torch.Generator().manual_seed(0)
+    lp = -torch.rand(4, 7, generator=gen) * 3
+    mask = (torch.arange(7) < torch.tensor([[7], [3], [5], [1]])).float()
+    weights, m = importance_weights(lp, lp.clone(), mask, cap=2.0, mask_threshold=2.0)
+    assert torch.equal(weights, mask)
+    assert m["offpolicy/ess"] == pytest.approx(1.0)
+    assert m["offpolicy/is_weight_mean"] == m["offpolicy/is_weight_max"] == 1.0
+    assert m["offpolicy/is_truncated_frac"] == m["offpolicy/masked_seq_frac"] == 0.0
+
+
+def test_importance_weights_truncate_mask_and_measure() -> None:
+    behaviour = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]))
+    proximal = torch.log(torch.tensor([[0.5, 0.25, 1.0], [1.0, 1.0, 1.0], [0.5, 0.5, 0.5]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    # Raw weights: row 0 = 1, 0.5, 2; row 1 = 2, 2 (pad ignored); row 2 = 1.
+    weights, m = importance_weights(proximal, behaviour, mask, cap=1.5)
+    assert torch.allclose(weights, torch.tensor([[1.0, 0.5, 1.5], [1.5, 1.5, 0.0], [1.0, 0.0, 0.0]]))
+    assert m["offpolicy/is_weight_max"] == pytest.approx(2.0)
+    assert m["offpolicy/is_weight_mean"] == pytest.approx((1 + 0.5 + 2 + 2 + 2 + 1) / 6)
+    assert m["offpolicy/is_truncated_frac"] == pytest.approx(3 / 6)
+    w = torch.tensor([1.0, 0.5, 1.5, 1.5, 1.5, 1.0])
+    assert m["offpolicy/ess"] == pytest.approx(float(w.sum() ** 2 / (6 * (w * w).sum())))
+    # Row 1's geometric-mean weight is 2: outside [1/1.9, 1.9], so the whole sequence goes.
+    weights, m = importance_weights(proximal, behaviour, mask, cap=1.5, mask_threshold=1.9)
+    assert torch.equal(weights[1], torch.zeros(3)) and weights[0, 0] == 1.0
+    assert m["offpolicy/masked_seq_frac"] == pytest.approx(1 / 3)
+
+
+def test_async_config_errors_and_the_moved_field() -> None:
+    with pytest.raises(ConfigError, match=r"async.mask_sequences_above: 0.5 would mask every sequence"):
+        load_config("grpo", ["async.mask_sequences_above=0.5"])
+    with pytest.raises(ConfigError, match=r"async.max_staleness"):
+        load_config("grpo", ["async.max_staleness=-1"])
+    # Configs stored before the async section (trainer.max_staleness: 0) still validate.
+    cfg = build_config({"trainer": {"max_staleness": 0}})
+    assert cfg.async_.max_staleness == 0 and "max_staleness" not in cfg.model_dump()["trainer"]
+    assert cfg.model_dump(mode="json")["async"]["max_staleness"] == 0
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+NONDETERMINISTIC = ("timing_s/", "perf/", "async/")
+
+
+def deterministic(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    return {s: {k: v for k, v in m.items() if not k.startswith(NONDETERMINISTIC)} for s, m in metrics.items()}
+
+
+def test_the_async_machinery_at_k0_reproduces_the_synchronous_run(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer thread, the gate, the weight snapshots and the rollout backend's own copy of
+    the policy, at k = 0, give exactly the synchronous loop's metrics, step for step."""
+    sync_cfg = build_config(small_config(tiny_model_dir, tmp_path / "sync", total_steps=4))
+    assert execute(sync_cfg) == EXIT_SUCCEEDED
+    monkeypatch.setattr(engine.run, "orchestrator_class", lambda cfg: AsyncOrchestrator)
+    threaded = build_config(small_config(tiny_model_dir, tmp_path / "threaded", total_steps=4))
+    assert execute(threaded) == EXIT_SUCCEEDED
+    sync = metrics_by_step(read_events(tmp_path / "sync" / "events.jsonl"))
+    run = metrics_by_step(read_events(tmp_path / "threaded" / "events.jsonl"))
+    # The rollout backend's version at the end of a step: the synchronous loop loads the new
+    # weights right after the update, the producer just before it generates the next batch.
+    for s in range(1, 5):
+        assert (sync[s].pop("rollout/policy_version"), run[s].pop("rollout/policy_version")) == (s, s - 1)
+    assert deterministic(run) == deterministic(sync)
+    assert all(run[s]["async/staleness_max"] == 0 for s in range(1, 5))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_an_async_run_keeps_its_bound_and_corrects(k: int, tiny_model_dir: Path, tmp_path: Path) -> None:
+    raw = small_config(tiny_model_dir, tmp_path / "run", total_steps=8)
+    raw["async"] = {"max_staleness": k, "mask_sequences_above": 4.0}
+    assert execute(build_config(raw)) == EXIT_SUCCEEDED
+    events = read_events(tmp_path / "run" / "events.jsonl")
+    metrics = metrics_by_step(events)
+    assert [e["state"] for e in events if e["type"] == "status"] == ["starting", "running", "succeeded"]
+    for step in range(1, 9):
+        m = metrics[step]
+        assert 0 <= m["async/staleness_max"] <= k
+        assert sum(m[f"async/staleness_hist/{lag}"] for lag in range(k + 1)) == pytest.approx(1.0)
+        for name in ("offpolicy/ess", "offpolicy/is_weight_max", "rollout/mismatch_kl", "async/overlap"):
+            assert name in m, (step, name)
+        assert 0.0 < m["offpolicy/ess"] <= 1.0 + 1e-9
+        assert 0.0 <= m["async/trainer_idle_ratio"] <= 1.0 and 0.0 <= m["async/producer_idle_ratio"] <= 1.0
+    # The first k + 1 batches come from the starting weights: batch s lags s - 1 versions.
+    assert [metrics[s]["async/staleness_max"] for s in range(1, k + 2)] == list(range(k + 1))
+
+
+def test_cancel_checkpoints_and_resume_continues(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cfg = small_config(tiny_model_dir, tmp_path / "run", total_steps=500)
+    cfg["async"] = {"max_staleness": 2}
+    cfg["checkpoint"]["every_steps"] = 0
+    cfg_path = tmp_path / "run.json"
+    cfg_path.write_text(json.dumps(cfg))
+    events_path = tmp_path / "run" / "events.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "run", str(cfg_path)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if events_path.exists() and any(e["type"] == "metrics" and e["step"] >= 3 for e in read_events(events_path)):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_CANCELLED, stderr
+    ckpt = [e for e in read_events(events_path) if e["type"] == "checkpoint"][-1]
+    stopped_at = ckpt["step"]
+    state = json.loads((Path(ckpt["path"]) / "state.json").read_text())
+    # The data position is that of the next batch to train, not of the ones generated ahead.
+    assert state["sampler"]["position"] == stopped_at * cfg["trainer"]["prompts_per_step"], state["sampler"]
+
+    cfg["trainer"]["total_steps"] = stopped_at + 3
+    cfg_path.write_text(json.dumps(cfg))
+    out = subprocess.run(
+        [sys.executable, "-m", "engine", "run", str(cfg_path), "--resume", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == EXIT_SUCCEEDED, out.stderr
+    events = read_events(events_path)
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(set(seqs))
+    assert [e["step"] for e in events if e["type"] == "metrics"][-3:] == [stopped_at + 1, stopped_at + 2, stopped_at + 3]
