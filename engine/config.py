@@ -514,6 +514,13 @@ class AsyncConfig(Section):
         "above this value or below its inverse (e.g. 2.0). 0 = keep every sequence.",
     )
 
+    scale_lr_by_ess: bool = Field(
+        False,
+        title="Scale LR by ESS",
+        description="k > 0: multiply each update's learning rate by the normalised effective sample size of "
+        "the importance weights (in (0, 1]): a batch the weights say little about moves the policy less.",
+    )
+
     @model_validator(mode="after")
     def _mask_threshold(self) -> AsyncConfig:
         if 0.0 < self.mask_sequences_above <= 1.0:

@@ -76,6 +76,8 @@ class Learner:
                     mask_threshold=self.cfg.async_.mask_sequences_above,
                 )
                 metrics.update(is_metrics)
+                if self.cfg.async_.scale_lr_by_ess and "offpolicy/ess" in is_metrics:
+                    batch.extra["lr_scale"] = is_metrics["offpolicy/ess"]
         if needs_reference(self.cfg):
             t0 = time.perf_counter()
             batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)

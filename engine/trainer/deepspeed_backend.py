@@ -55,7 +55,7 @@ from engine.trainer.actor import (
     split_model,
 )
 from engine.trainer.schedule import lr_lambda
-from engine.trainer.torch_backend import policy_loss_config
+from engine.trainer.torch_backend import policy_loss_config, scale_lr
 
 DEEPSPEED_DIR = "deepspeed"
 """Subdirectory of an engine checkpoint holding DeepSpeed's own checkpoint (tag ``TAG``)."""
@@ -305,6 +305,7 @@ class DeepSpeedTrainer:
 
     def _update_policy(self, batch: RolloutBatch, orders: list[np.ndarray]) -> dict[str, float]:
         self.engine.train()
+        lr_scale = float(batch.extra.get("lr_scale", 1.0))  # async.scale_lr_by_ess
         sums: dict[str, float] = defaultdict(float)
         maxima: dict[str, float] = {}
         updates = 0
@@ -331,6 +332,7 @@ class DeepSpeedTrainer:
                             maxima[k] = max(maxima.get(k, v), v)
                         else:
                             sums[k] += v if k in ADDITIVE_METRICS else v * share
+                scale_lr(self.engine.optimizer, lr_scale)
                 self.engine.step()
                 norm = self.engine.get_global_grad_norm()
                 norm_f = float(norm) if norm is not None else float("nan")
@@ -352,6 +354,7 @@ class DeepSpeedTrainer:
         out = {k: v / n for k, v in total.items()} | top
         out["actor/grad_norm"] = grad_norms / n
         out["actor/lr"] = self.engine.lr_scheduler.get_last_lr()[0]
+        out["actor/lr_scale"] = lr_scale
         out["actor/skipped_updates"] = float(self.skipped_updates)
         return out
 

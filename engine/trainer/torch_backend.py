@@ -42,6 +42,14 @@ def policy_loss_config(cfg: RunConfig) -> PolicyLossConfig:
     )
 
 
+def scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Multiply every parameter group's learning rate by ``factor`` for the coming step only: the LR
+    scheduler computes the next rate from its base rate, so the scale never compounds."""
+    if factor != 1.0:
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * factor
+
+
 class TorchTrainer:
     """Holds the policy (and optional frozen reference) on one device and trains it.
 
@@ -117,6 +125,7 @@ class TorchTrainer:
         sums: dict[str, float] = defaultdict(float)
         maxima: dict[str, float] = {}
         gen = torch.Generator().manual_seed(t.seed * 1_000_003 + self._version)
+        lr_scale = float(batch.extra.get("lr_scale", 1.0))  # async.scale_lr_by_ess (the learner sets it)
         for _ in range(t.ppo_epochs):
             order = torch.randperm(len(batch), generator=gen)
             for rows in np.array_split(order.numpy(), self.minis_per_epoch):
@@ -138,18 +147,21 @@ class TorchTrainer:
                             maxima[k] = max(maxima.get(k, v), v)
                         else:
                             sums[k] += v if k in ADDITIVE_METRICS else v * share
-                grad_norm = self._clip_and_step()
+                grad_norm = self._clip_and_step(lr_scale)
                 sums["actor/grad_norm"] += grad_norm
                 sums["_updates"] += 1
         self._version += 1  # one policy version per training step, however many optimiser steps
         n = max(1.0, sums.pop("_updates"))
         out = {k: v / n for k, v in sums.items()} | maxima
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        out["actor/lr_scale"] = lr_scale
         out["actor/skipped_updates"] = float(self.skipped_updates)
         self.model.eval()
         return out
 
-    def _clip_and_step(self) -> float:
+    def _clip_and_step(self, lr_scale: float = 1.0) -> float:
+        """Clip, then one optimiser step at the scheduled learning rate times ``lr_scale`` (the
+        scheduler sets the next step's rate from its schedule again)."""
         clip = self.cfg.optimizer.grad_clip
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm=clip if clip > 0 else math.inf)
@@ -159,6 +171,7 @@ class TorchTrainer:
             self.skipped_updates += 1
             self.optimizer.zero_grad(set_to_none=True)
         else:
+            scale_lr(self.optimizer, lr_scale)
             self.optimizer.step()
         self.scheduler.step()
         return norm_f

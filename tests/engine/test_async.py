@@ -171,7 +171,7 @@ def test_the_async_machinery_at_k0_reproduces_the_synchronous_run(
 @pytest.mark.parametrize("k", [1, 3])
 def test_an_async_run_keeps_its_bound_and_corrects(k: int, tiny_model_dir: Path, tmp_path: Path) -> None:
     raw = small_config(tiny_model_dir, tmp_path / "run", total_steps=8)
-    raw["async"] = {"max_staleness": k, "mask_sequences_above": 4.0}
+    raw["async"] = {"max_staleness": k, "mask_sequences_above": 4.0, "scale_lr_by_ess": True}
     assert execute(build_config(raw)) == EXIT_SUCCEEDED
     events = read_events(tmp_path / "run" / "events.jsonl")
     metrics = metrics_by_step(events)
@@ -183,6 +183,7 @@ def test_an_async_run_keeps_its_bound_and_corrects(k: int, tiny_model_dir: Path,
         for name in ("offpolicy/ess", "offpolicy/is_weight_max", "rollout/mismatch_kl", "async/overlap"):
             assert name in m, (step, name)
         assert 0.0 < m["offpolicy/ess"] <= 1.0 + 1e-9
+        assert m["actor/lr_scale"] == m["offpolicy/ess"]
         assert 0.0 <= m["async/trainer_idle_ratio"] <= 1.0 and 0.0 <= m["async/producer_idle_ratio"] <= 1.0
     # The first k + 1 batches come from the starting weights: batch s lags s - 1 versions.
     assert [metrics[s]["async/staleness_max"] for s in range(1, k + 2)] == list(range(k + 1))
@@ -221,3 +222,31 @@ def test_cancel_checkpoints_and_resume_continues(tiny_model_dir: Path, tmp_path:
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(set(seqs))
     assert [e["step"] for e in events if e["type"] == "metrics"][-3:] == [stopped_at + 1, stopped_at + 2, stopped_at + 3]
+
+
+def test_scale_lr_by_ess_scales_each_update_and_never_compounds(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """AdamW's first step moves every weight by lr * (its normalised gradient + decay): a step at
+    half the rate moves each weight exactly half as far; the schedule itself is untouched."""
+    from engine.models import load_model
+    from engine.trainer import TorchTrainer
+    from tests.engine.test_trainer_deepspeed import make_batch, run_config
+
+    cfg = run_config(tiny_model_dir, tmp_path, "torch", 0)
+    cfg.trainer.ppo_epochs, cfg.trainer.ppo_mini_batch_size = 1, None  # one optimiser step
+    moved, lrs = {}, {}
+    for scale in (1.0, 0.5):
+        torch.manual_seed(0)
+        model = load_model(tiny_model_dir)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        trainer = TorchTrainer(model, cfg, device=torch.device("cpu"), need_reference=True)
+        batch = make_batch(model.config.vocab_size, 1)
+        batch.old_log_probs = trainer.compute_log_probs(batch)
+        batch.ref_log_probs = trainer.compute_log_probs(batch, reference=True)
+        batch.extra["lr_scale"] = scale
+        metrics = trainer.update_policy(batch)
+        assert metrics["actor/lr_scale"] == scale
+        lrs[scale] = metrics["actor/lr"]
+        moved[scale] = {k: v - before[k] for k, v in model.state_dict().items()}
+    assert lrs[0.5] == lrs[1.0]
+    for name, delta in moved[1.0].items():
+        torch.testing.assert_close(moved[0.5][name], delta * 0.5, rtol=1e-4, atol=1e-7, msg=name)
