@@ -208,7 +208,12 @@ def _train(
         cfg.reward.functions, timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers
     ) as rewards:
         producer = RolloutProducer(
-            cfg, sampler=sampler, backend=backend, rewards=rewards, pad_id=tokenizer.pad_token_id
+            cfg,
+            sampler=sampler,
+            backend=backend,
+            rewards=rewards,
+            pad_id=tokenizer.pad_token_id,
+            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         )
         orchestrator = orchestrator_class(cfg)(
             cfg,

@@ -15,6 +15,9 @@ main thread trains, bounded so that no sample is ever more than k policy version
   main thread publishes a copy of the weights, and the producer loads the newest one into the
   rollout backend (which holds a copy of the policy of its own) just before it generates, so a
   batch is never sampled from weights the trainer is changing;
+* with ``async.partial_rollouts`` the batches come from a pool of groups carried across steps
+  (``engine/pipeline/partial.py``, APRIL); a group whose oldest token is more than k versions
+  old when its step is trained is dropped and counted (``async/dropped_stale``);
 * the off-policy correction for the lag (behaviour = rollout log-probs, proximal = the
   trainer's recomputation, truncated importance weights) is in the learner
   (``engine/algorithms/off_policy.py``).
@@ -40,7 +43,8 @@ from typing import Any
 import torch
 
 from engine.pipeline.orchestrator import Orchestrator, RunOutcome
-from engine.pipeline.producer import ProducedBatch
+from engine.pipeline.partial import PartialRolloutProducer
+from engine.pipeline.producer import ProducedBatch, RolloutProducer
 
 
 class GateClosed(Exception):
@@ -114,6 +118,10 @@ class AsyncOrchestrator(Orchestrator):
         self._thread: threading.Thread | None = None
         self._total = self.cfg.trainer.total_steps
         self._threads = 0  # torch intra-op threads of each side on CPU (0: left alone)
+        # Where batches come from: whole rounds, or a pool of partial rollouts carried across steps.
+        self._source: RolloutProducer | PartialRolloutProducer = (
+            PartialRolloutProducer(self.producer) if self.cfg.async_.partial_rollouts else self.producer
+        )
 
     # -- the producer thread ---------------------------------------------------------------
 
@@ -129,7 +137,7 @@ class AsyncOrchestrator(Orchestrator):
                     with self._sampler_lock:
                         self._sampler_before[step] = self.producer.sampler.state_dict()
                     t0 = time.perf_counter()
-                    produced = self.producer.produce(step)
+                    produced = self._source.produce(step)
                     t1 = time.perf_counter()
                 self._busy.append((t0, t1))
                 self._ready.put(_Handoff(step, produced, waited, (t0, t1), sync_s))
@@ -159,7 +167,9 @@ class AsyncOrchestrator(Orchestrator):
             raise RuntimeError(f"the rollout producer failed at step {step}: {item}") from item
         if item.step != step:
             raise RuntimeError(f"the rollout producer handed over step {item.step} for step {step}")
+        dropped = self._drop_stale(item.produced)
         produced = self._checked(step, item.produced)
+        produced.metrics["async/dropped_stale"] = float(dropped)
         produced.metrics.update(self._lag_metrics(produced))
         produced.metrics["timing_s/weight_sync"] = item.sync_s
         produced.metrics["async/trainer_wait_s"] = waited
@@ -168,6 +178,21 @@ class AsyncOrchestrator(Orchestrator):
         produced.metrics["async/producer_idle_ratio"] = item.waited_s / max(1e-9, item.waited_s + busy)
         self._train_started = time.perf_counter()
         return produced
+
+    def _drop_stale(self, produced: ProducedBatch) -> int:
+        """Leave out every group with a sample more than k versions behind the trainer; returns the
+        samples dropped. Only partial rollouts carry such samples (a completion continued over several
+        steps keeps its oldest tokens); whole rounds are fresh enough by the gate's construction."""
+        batch = produced.batch
+        if batch is None:
+            return 0
+        oldest_allowed = self.trainer.policy_version - self.k
+        stale = {r.group for r in batch.rows if r.completion.policy_version < oldest_allowed}
+        if not stale:
+            return 0
+        keep = [i for i, r in enumerate(batch.rows) if r.group not in stale]
+        produced.batch = batch.select(keep) if keep else None
+        return len(batch.rows) - len(keep)
 
     def _lag_metrics(self, produced: ProducedBatch) -> dict[str, float]:
         """Staleness of every sample of the batch: trainer version - the version that generated it."""
@@ -223,7 +248,10 @@ class AsyncOrchestrator(Orchestrator):
     # -- the loop ------------------------------------------------------------------------------
 
     def run(self, start_step: int) -> RunOutcome:
-        self._gate = StalenessGate(self.k, start_step)
+        # Partial rollouts spend one version of the budget: a completion continued into the next step
+        # (or a finished group kept for it) is trained one step later than its round, so the producer
+        # runs at most k - 1 batches ahead (k = 1: none, APRIL's own synchronous setting).
+        self._gate = StalenessGate(self.k - 1 if self.cfg.async_.partial_rollouts else self.k, start_step)
         if not torch.cuda.is_available():
             # On CPU both threads run torch ops at once: each with the whole intra-op pool
             # oversubscribes the cores (bench/async.py, 2 cores: 5,829 generated tokens/s at k = 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +20,7 @@ from engine.config import RunConfig
 from engine.data import Prompt, PromptSampler
 from engine.pipeline.batch import Rollout, RolloutBatch, collate, rollouts_from_groups
 from engine.rewards import RewardInput, RewardManager, RewardResult
-from engine.rollout import RolloutBackend, SamplingParams
+from engine.rollout import PromptCompletions, RolloutBackend, SamplingParams
 
 CORRECTNESS = re.compile(r"(task|math|exact_match)(_\d+)?")
 """Reward components that mean "the answer is right" (a repeated name gets ``_2``, ...):
@@ -53,12 +54,14 @@ class RolloutProducer:
         backend: RolloutBackend,
         rewards: RewardManager,
         pad_id: int,
+        decode: Callable[[list[int]], str] | None = None,
     ) -> None:
         self.cfg = cfg
         self.sampler = sampler
         self.backend = backend
         self.rewards = rewards
         self.pad_id = pad_id
+        self.decode = decode  # token ids -> text, for completions assembled from parts (partial rollouts)
 
     def sampling_params(self, *, n: int, temperature: float | None = None, seed: int | None = None) -> SamplingParams:
         r = self.cfg.rollout
@@ -79,6 +82,13 @@ class RolloutProducer:
         t0 = time.perf_counter()
         groups = self.backend.generate([p.token_ids for p in prompts], params)
         t1 = time.perf_counter()
+        rows, result = self.score(prompts, groups, params.max_new_tokens, step)
+        return rows, result, t1 - t0, time.perf_counter() - t1
+
+    def score(
+        self, prompts: list[Prompt], groups: list[PromptCompletions], max_new_tokens: int, step: int
+    ) -> tuple[list[Rollout], RewardResult]:
+        """Reward every completion of ``groups`` (one per prompt); the rollouts in group order."""
         inputs = [
             RewardInput(
                 completion=c.text,
@@ -86,16 +96,14 @@ class RolloutProducer:
                 prompt=p.raw,
                 metadata=p.metadata,
                 response_length=len(c.token_ids),
-                max_response_length=params.max_new_tokens,
+                max_response_length=max_new_tokens,
                 finish_reason=c.finish_reason,
             )
             for p, g in zip(prompts, groups, strict=True)
             for c in g.completions
         ]
         result = self.rewards.score(inputs)
-        t2 = time.perf_counter()
-        rows = rollouts_from_groups(prompts, groups, result.total, result.components, step)
-        return rows, result, t1 - t0, t2 - t1
+        return rollouts_from_groups(prompts, groups, result.total, result.components, step), result
 
     def produce(self, step: int) -> ProducedBatch:
         cfg = self.cfg
