@@ -124,3 +124,14 @@ def test_cancel_checkpoints_every_rank_and_resume_continues(tiny_model_dir: Path
     assert seqs == sorted(set(seqs))  # strictly increasing across the resume
     assert events[-1]["state"] == "succeeded"
     assert [e["step"] for e in events if e["type"] == "metrics"][-2:] == [stopped_at + 1, stopped_at + 2]
+
+
+def test_an_async_run_with_partial_rollouts_on_two_ranks(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The producer thread runs on rank 0 beside the trainer's commands to every rank."""
+    cfg = deepspeed(small_config(tiny_model_dir, tmp_path / "run", total_steps=STEPS), 2)
+    cfg["async"] = {"max_staleness": 2, "partial_rollouts": True, "partial_chunk_tokens": 3}
+    proc = engine_run(cfg, tmp_path / "run.json")
+    assert proc.returncode == EXIT_SUCCEEDED, proc.stderr
+    metrics = metrics_by_step(read_events(tmp_path / "run" / "events.jsonl"))
+    assert sorted(metrics) == list(range(STEPS + 1))
+    assert all(metrics[s]["async/staleness_max"] <= 2 and "offpolicy/ess" in metrics[s] for s in range(1, STEPS + 1))
