@@ -1,4 +1,5 @@
-"""Asynchronous RL: the synchronous loop against async.max_staleness k = 1, 2, 4, same task and budget.
+"""Asynchronous RL: the synchronous loop against async.max_staleness k = 1, 2, 4 (and k = 2 with partial
+rollouts, generated in chunks of 2 tokens), same task and budget.
 
 Usage::
 
@@ -36,7 +37,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(out: Path, steps: int, staleness: int, seed: int) -> list[dict]:
+def run(out: Path, steps: int, staleness: int, seed: int, partial: bool = False) -> list[dict]:
     cmd = [
         sys.executable, "-m", "engine", "run", "dapo",
         "--set", "data.eval_size=512",
@@ -50,6 +51,8 @@ def run(out: Path, steps: int, staleness: int, seed: int) -> list[dict]:
         "--set", "checkpoint.save_final=false",
         "--set", "logging.progress=off",
     ]  # fmt: skip
+    if partial:
+        cmd += ["--set", "async.partial_rollouts=true", "--set", "async.partial_chunk_tokens=2"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=dict(os.environ))
     if proc.returncode != 0:
         raise SystemExit(f"k={staleness} failed:\n{proc.stderr[-3000:]}")
@@ -86,16 +89,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--k", type=int, nargs="+", default=[0, 1, 2, 4], help="staleness bounds (0 = synchronous)")
+    parser.add_argument(
+        "--partial", type=int, nargs="*", default=[2], help="staleness bounds to run again with partial rollouts"
+    )
     args = parser.parse_args()
     print(f"DAPO, arithmetic starter, {args.steps} steps, seed {args.seed}, {os.cpu_count()} cores")
     print("| setting | train s | tokens/s | vs sync | trainer idle | staleness | eval before -> after | 2-device model |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     reference = None
     with tempfile.TemporaryDirectory() as tmp:
-        for k in args.k:
-            s = summarise(run(Path(tmp) / f"k{k}", args.steps, k, args.seed), k)
+        settings = [(k, False) for k in args.k] + [(k, True) for k in args.partial]
+        for k, partial in settings:
+            s = summarise(run(Path(tmp) / f"k{k}{'p' * partial}", args.steps, k, args.seed, partial), k)
             reference = reference or s["tokens_per_s"]
-            name = "synchronous" if k == 0 else f"async k={k}"
+            name = "synchronous" if k == 0 else f"async k={k}" + (" + partial rollouts" if partial else "")
             model = f"{s['two_device_model']:.2f}x" if k == 0 else ""
             print(
                 f"| {name} | {s['wall_s']:.1f} | {s['tokens_per_s']:,.0f} | {s['tokens_per_s'] / reference:.2f}x | "
