@@ -104,13 +104,32 @@ def execute(
     (the web app's, for a run it tracks; a resume there is a new run with its own numbering),
     else after the checkpoint's last seq (a resume from the command line, appending to the
     same log); and always after the event file's last seq, so no log reuses a number.
-    """
-    if cfg.trainer.backend == "deepspeed":
-        from engine.trainer.deepspeed_backend import init_distributed
 
-        init_distributed(pick_device(cfg.trainer.device).type)  # NCCL/gloo; each rank's GPU
-        if torch.distributed.get_rank() != 0:
-            return _follow(cfg)
+    A DeepSpeed run's ranks all come here: rank 0 runs the engine, the others follow it
+    (``_follow``); every rank leaves the process group before it exits (left to the interpreter's
+    exit, gloo's threads can abort a rank: "terminate called without an active exception").
+    """
+    kwargs = {"events": events, "resume": resume, "show_progress": show_progress, "run_id": run_id, "start_seq": start_seq}
+    if cfg.trainer.backend != "deepspeed":
+        return _execute(cfg, **kwargs)
+    from engine.trainer.deepspeed_backend import init_distributed
+
+    init_distributed(pick_device(cfg.trainer.device).type)  # NCCL/gloo; each rank's GPU
+    try:
+        return _follow(cfg) if torch.distributed.get_rank() != 0 else _execute(cfg, **kwargs)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _execute(
+    cfg: RunConfig,
+    *,
+    events: str | None,
+    resume: str | None,
+    show_progress: bool | None,
+    run_id: str | None,
+    start_seq: int | None,
+) -> int:
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = resolve_checkpoint(resume) if resume else None

@@ -33,12 +33,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from engine.config import RunConfig
 from engine.data import Prompt, PromptSampler
-from engine.pipeline.batch import Rollout, collate
-from engine.pipeline.producer import ProducedBatch, RolloutProducer, correctness_component, seed_for
+from engine.pipeline.batch import Rollout
+from engine.pipeline.producer import ProducedBatch, RolloutProducer, StepTally, seed_for
 from engine.rewards import RewardResult
 from engine.rollout import Completion, PromptCompletions
 
@@ -188,80 +186,40 @@ class PartialRolloutProducer:
     def produce(self, step: int) -> ProducedBatch:
         cfg = self.cfg
         want = cfg.trainer.prompts_per_step
-        n = cfg.rollout.n
         fg = cfg.algorithm.filter_groups
-        max_rounds = fg.max_num_gen_batches if fg.enable else 1
-        kept: list[list[Rollout]] = []
-        generated: list[Rollout] = []
-        results = []
-        acc_name = None
-        gen_s = reward_s = 0.0
-        gen_tokens = calls = 0
-        zero_std = total_groups = resumed = 0
+        tally = StepTally(cfg, rounds=1)
         carried = len(self.in_flight)
-        rounds = 1
         new_groups = self._top_up(step)
-        while len(kept) < want:
-            ready = self._take_finished(want - len(kept))
+        calls = resumed = 0
+        while len(tally.kept) < want:
+            ready = self._take_finished(want - len(tally.kept))
             if ready:
                 resumed += sum(g.started_step < step for g in ready)
                 t0 = time.perf_counter()
                 rows, result = self._rollouts(ready, step)
-                reward_s += time.perf_counter() - t0
-                results.append(result)
-                generated.extend(rows)
-                acc_name = correctness_component(result.components)
-                for gi in range(len(ready)):
-                    group = rows[gi * n : (gi + 1) * n]
-                    values = (
-                        [r.components[acc_name] for r in group]
-                        if fg.metric == "acc" and acc_name is not None
-                        else [r.reward for r in group]
-                    )
-                    total_groups += 1
-                    all_equal = len(group) > 1 and float(np.std(values)) == 0.0
-                    zero_std += all_equal
-                    if not (fg.enable and all_equal):
-                        kept.append(group)
-                continue
-            if any(not g.finished for g in self.in_flight):
+                tally.reward_s += time.perf_counter() - t0
+                tally.add_scored(rows, result)
+            elif any(not g.finished for g in self.in_flight):
                 tokens, seconds = self._generate_chunk(step, calls)
                 calls += 1
-                gen_tokens += tokens
-                gen_s += seconds
-                continue
-            if rounds >= max_rounds:
+                tally.gen_tokens += tokens
+                tally.gen_s += seconds
+            elif tally.rounds < (fg.max_num_gen_batches if fg.enable else 1):
+                tally.rounds += 1
+                new_groups += self._top_up(step)
+            else:
                 break
-            rounds += 1
-            new_groups += self._top_up(step)
-        kept = kept[:want]
-        metrics = {
-            "timing_s/gen": gen_s,
-            "timing_s/reward": reward_s,
-            "frac_reward_zero_std": zero_std / max(1, total_groups),
-            "perf/gen_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
-            "rollout/gen_tokens": float(gen_tokens),
-            "reward/errors": float(sum(r.errors for r in results)),
-            "reward/timeouts": float(sum(r.timeouts for r in results)),
-            "partial/chunks": float(calls),
-            "partial/new_groups": float(new_groups),
-            "partial/resumed_groups": float(resumed),
-            "partial/in_flight_groups": float(len(self.in_flight)),
-            "partial/carried_in_groups": float(carried),
-            "partial/multi_version_frac": (
-                sum(len({v for v, _ in r.completion.segments}) > 1 for g in kept for r in g)
-                / max(1, sum(len(g) for g in kept))
-            ),
-        }
-        if fg.enable:
-            metrics["filter/gen_rounds"] = float(rounds)
-            metrics["filter/kept_groups"] = float(len(kept))
-        rows = [r for g in kept for r in g]
-        if not rows:
-            return ProducedBatch(None, metrics, generated, acc_name)
-        batch = collate(rows, self.producer.pad_id, min(r.completion.policy_version for r in rows))
-        if cfg.algorithm.overlong_filter:
-            truncated = [i for i, r in enumerate(rows) if r.completion.finish_reason == "length"]
-            batch.response_mask[truncated] = 0.0
-        batch.extra["reward_messages"] = [m for r in results for m in r.error_messages]
-        return ProducedBatch(batch, metrics, generated, acc_name)
+        trained = [r for g in tally.kept[:want] for r in g]
+        return tally.produced(
+            self.producer.pad_id,
+            {
+                "partial/chunks": float(calls),
+                "partial/new_groups": float(new_groups),
+                "partial/resumed_groups": float(resumed),
+                "partial/in_flight_groups": float(len(self.in_flight)),
+                "partial/carried_in_groups": float(carried),
+                "partial/multi_version_frac": (
+                    sum(len({v for v, _ in r.completion.segments}) > 1 for r in trained) / max(1, len(trained))
+                ),
+            },
+        )

@@ -108,60 +108,88 @@ class RolloutProducer:
     def produce(self, step: int) -> ProducedBatch:
         cfg = self.cfg
         want = cfg.trainer.prompts_per_step
-        n = cfg.rollout.n
         fg = cfg.algorithm.filter_groups
-        rounds = fg.max_num_gen_batches if fg.enable else 1
-        kept: list[list[Rollout]] = []
-        generated: list[Rollout] = []
-        results: list[RewardResult] = []
-        acc_name: str | None = None
-        gen_s = reward_s = 0.0
-        gen_tokens = 0
-        zero_std_groups = total_groups = 0
-        rounds_used = 0
-        for round_ in range(rounds):
-            rounds_used += 1
+        tally = StepTally(cfg)
+        for round_ in range(fg.max_num_gen_batches if fg.enable else 1):
+            tally.rounds += 1
             prompts = self.sampler.next_batch(want)
-            params = self.sampling_params(n=n, seed=seed_for(cfg.trainer.seed, step, round_))
+            params = self.sampling_params(n=cfg.rollout.n, seed=seed_for(cfg.trainer.seed, step, round_))
             rows, result, g_s, r_s = self.generate_and_score(prompts, params, step)
-            gen_s += g_s
-            reward_s += r_s
-            results.append(result)
-            generated.extend(rows)
-            gen_tokens += sum(len(r.completion.token_ids) for r in rows)
-            acc_name = correctness_component(result.components)
-            for gi in range(len(prompts)):
-                group = rows[gi * n : (gi + 1) * n]
-                if fg.metric == "acc" and acc_name is not None:
-                    values = [r.components[acc_name] for r in group]
-                else:
-                    values = [r.reward for r in group]
-                total_groups += 1
-                all_equal = len(group) > 1 and float(np.std(values)) == 0.0
-                zero_std_groups += all_equal
-                if not (fg.enable and all_equal):
-                    kept.append(group)
-            if len(kept) >= want:
+            tally.gen_s += g_s
+            tally.reward_s += r_s
+            tally.gen_tokens += sum(len(r.completion.token_ids) for r in rows)
+            tally.add_scored(rows, result)
+            if len(tally.kept) >= want:
                 break
-        kept = kept[:want]
-        metrics = {
-            "timing_s/gen": gen_s,
-            "timing_s/reward": reward_s,
-            "frac_reward_zero_std": zero_std_groups / max(1, total_groups),
-            "perf/gen_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else 0.0,
-            "rollout/gen_tokens": float(gen_tokens),
-            "reward/errors": float(sum(r.errors for r in results)),
-            "reward/timeouts": float(sum(r.timeouts for r in results)),
+        return tally.produced(self.pad_id)
+
+
+@dataclass
+class StepTally:
+    """One step's generation as it adds up: scored groups kept or filtered, timings, the batch.
+
+    DAPO's dynamic sampling (arXiv:2503.14476, section 3.2) is here: a group whose rewards (or
+    accuracies, ``filter_groups.metric``) are all equal carries no GRPO gradient and is left out
+    when ``filter_groups.enable``; the share of such groups is reported either way.
+    """
+
+    cfg: RunConfig
+    kept: list[list[Rollout]] = field(default_factory=list)
+    generated: list[Rollout] = field(default_factory=list)  # every scored rollout, kept or not
+    results: list[RewardResult] = field(default_factory=list)
+    accuracy_component: str | None = None
+    gen_s: float = 0.0
+    reward_s: float = 0.0
+    gen_tokens: int = 0
+    zero_std_groups: int = 0
+    total_groups: int = 0
+    rounds: int = 0
+
+    def add_scored(self, rows: list[Rollout], result: RewardResult) -> None:
+        """Scored rollouts, whole groups of ``rollout.n`` in order: keep the groups that pass the filter."""
+        n = self.cfg.rollout.n
+        fg = self.cfg.algorithm.filter_groups
+        self.results.append(result)
+        self.generated.extend(rows)
+        self.accuracy_component = correctness_component(result.components)
+        acc = self.accuracy_component
+        for start in range(0, len(rows), n):
+            group = rows[start : start + n]
+            values = [r.components[acc] for r in group] if fg.metric == "acc" and acc else [r.reward for r in group]
+            self.total_groups += 1
+            all_equal = len(group) > 1 and float(np.std(values)) == 0.0
+            self.zero_std_groups += all_equal
+            if not (fg.enable and all_equal):
+                self.kept.append(group)
+
+    def metrics(self) -> dict[str, float]:
+        out = {
+            "timing_s/gen": self.gen_s,
+            "timing_s/reward": self.reward_s,
+            "frac_reward_zero_std": self.zero_std_groups / max(1, self.total_groups),
+            "perf/gen_tokens_per_s": self.gen_tokens / self.gen_s if self.gen_s > 0 else 0.0,
+            "rollout/gen_tokens": float(self.gen_tokens),
+            "reward/errors": float(sum(r.errors for r in self.results)),
+            "reward/timeouts": float(sum(r.timeouts for r in self.results)),
         }
-        if fg.enable:
-            metrics["filter/gen_rounds"] = float(rounds_used)
-            metrics["filter/kept_groups"] = float(len(kept))
-        rows = [r for g in kept for r in g]
+        if self.cfg.algorithm.filter_groups.enable:
+            out["filter/gen_rounds"] = float(self.rounds)
+            out["filter/kept_groups"] = float(min(len(self.kept), self.cfg.trainer.prompts_per_step))
+        return out
+
+    def produced(self, pad_id: int, extra_metrics: dict[str, float] | None = None) -> ProducedBatch:
+        """The step's batch: the first ``prompts_per_step`` kept groups (None when none was kept).
+
+        Its ``policy_version`` is that of its oldest sample. With ``algorithm.overlong_filter``,
+        truncated completions are masked out of the loss (DAPO, section 3.4).
+        """
+        metrics = self.metrics() | (extra_metrics or {})
+        rows = [r for g in self.kept[: self.cfg.trainer.prompts_per_step] for r in g]
         if not rows:
-            return ProducedBatch(None, metrics, generated, acc_name)
-        batch = collate(rows, self.pad_id, self.backend.policy_version)
-        if cfg.algorithm.overlong_filter:
+            return ProducedBatch(None, metrics, self.generated, self.accuracy_component)
+        batch = collate(rows, pad_id, min(r.completion.policy_version for r in rows))
+        if self.cfg.algorithm.overlong_filter:
             truncated = [i for i, r in enumerate(rows) if r.completion.finish_reason == "length"]
             batch.response_mask[truncated] = 0.0
-        batch.extra["reward_messages"] = [m for r in results for m in r.error_messages]
-        return ProducedBatch(batch, metrics, generated, acc_name)
+        batch.extra["reward_messages"] = [m for r in self.results for m in r.error_messages]
+        return ProducedBatch(batch, metrics, self.generated, self.accuracy_component)

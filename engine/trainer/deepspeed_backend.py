@@ -54,7 +54,7 @@ from engine.trainer.actor import (
     response_logprobs,
     split_model,
 )
-from engine.trainer.schedule import lr_lambda
+from engine.trainer.schedule import minis_per_epoch, optimizer_and_schedule
 from engine.trainer.torch_backend import policy_loss_config, scale_lr
 
 DEEPSPEED_DIR = "deepspeed"
@@ -179,18 +179,9 @@ class DeepSpeedTrainer:
         self.wrapper = PolicyForward(model)
         if cfg.trainer.zero_stage == 3:
             self.wrapper.register_head()
-        o = cfg.optimizer
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=o.lr,
-            betas=o.betas,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-        )
+        optimizer, factor = optimizer_and_schedule(model, cfg)
+        self.minis_per_epoch = minis_per_epoch(cfg)
         t = cfg.trainer
-        self.minis_per_epoch = t.prompts_per_step // (t.ppo_mini_batch_size or t.prompts_per_step)
-        total_updates = t.total_steps * t.ppo_epochs * self.minis_per_epoch
-        factor = lr_lambda(o.warmup_steps, total_updates, o.schedule, o.min_lr_ratio)
         self.engine, _, _, _ = deepspeed.initialize(
             model=self.wrapper,
             optimizer=optimizer,

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from engine.config import RunConfig
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> Callable[[int], float]:
@@ -20,3 +26,26 @@ def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: 
         return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
+
+
+def minis_per_epoch(cfg: RunConfig) -> int:
+    """Optimiser steps per PPO epoch: the step's prompts split into mini-batches."""
+    t = cfg.trainer
+    return t.prompts_per_step // (t.ppo_mini_batch_size or t.prompts_per_step)
+
+
+def optimizer_and_schedule(
+    model: torch.nn.Module, cfg: RunConfig
+) -> tuple[torch.optim.AdamW, Callable[[int], float]]:
+    """AdamW over the trainable parameters, and the LR multiplier per optimiser step over the whole
+    run (``total_steps x ppo_epochs x mini-batches`` updates); every trainer backend uses both."""
+    o, t = cfg.optimizer, cfg.trainer
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=o.lr,
+        betas=o.betas,
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+    )
+    total_updates = t.total_steps * t.ppo_epochs * minis_per_epoch(cfg)
+    return optimizer, lr_lambda(o.warmup_steps, total_updates, o.schedule, o.min_lr_ratio)

@@ -26,7 +26,7 @@ from engine.trainer.actor import (
     global_batch_info,
     response_logprobs,
 )
-from engine.trainer.schedule import lr_lambda
+from engine.trainer.schedule import minis_per_epoch, optimizer_and_schedule
 
 
 def policy_loss_config(cfg: RunConfig) -> PolicyLossConfig:
@@ -71,20 +71,10 @@ class TorchTrainer:
         if need_reference:
             self.reference = copy.deepcopy(model).eval()
             self.reference.requires_grad_(False)
-        o = cfg.optimizer
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=o.lr,
-            betas=o.betas,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-        )
+        self.optimizer, factor = optimizer_and_schedule(model, cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        self.minis_per_epoch = minis_per_epoch(cfg)
         t = cfg.trainer
-        self.minis_per_epoch = t.prompts_per_step // (t.ppo_mini_batch_size or t.prompts_per_step)
-        total_updates = t.total_steps * t.ppo_epochs * self.minis_per_epoch
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(o.warmup_steps, total_updates, o.schedule, o.min_lr_ratio)
-        )
         self.settings = LogprobSettings(
             temperature=cfg.rollout.temperature or 1.0,
             impl=t.logprob_impl,
