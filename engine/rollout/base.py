@@ -13,6 +13,7 @@ on CPU). Both pass the contract suite in ``tests/engine/rollout_contract.py``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -91,3 +92,27 @@ class RolloutBackend(Protocol):
     def close(self) -> None:
         """Release the backend's memory and workers."""
         ...
+
+
+def checked_inputs(prompts: Sequence[Sequence[int]], params: SamplingParams, vocab_size: int) -> list[list[int]]:
+    """The prompts as lists of ints, after checking them and ``params``: every backend refuses the
+    same bad input with the same message, before any work starts."""
+    if params.n < 1:
+        raise ValueError(f"SamplingParams.n must be >= 1, got {params.n}")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if not (params.temperature >= 0 and math.isfinite(params.temperature)):
+        raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
+    if any(not s for s in params.stop):
+        raise ValueError("SamplingParams.stop must not contain empty strings")
+    prompt_lists = []
+    for i, prompt in enumerate(prompts):
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
+        prompt_lists.append(ids)
+    return prompt_lists

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -46,7 +45,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from engine.rollout.base import Completion, FinishReason, PromptCompletions, SamplingParams
+from engine.rollout.base import Completion, FinishReason, PromptCompletions, SamplingParams, checked_inputs
 
 __all__ = ["TorchRolloutBackend"]
 
@@ -555,27 +554,7 @@ class TorchRolloutBackend:
             raise RuntimeError("TorchRolloutBackend is closed")
 
     def _check_inputs(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
-        if params.n < 1:
-            raise ValueError(f"SamplingParams.n must be >= 1, got {params.n}")
-        if params.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {params.max_new_tokens}")
-        if not (params.temperature >= 0 and math.isfinite(params.temperature)):
-            raise ValueError(
-                f"SamplingParams.temperature must be >= 0 (0 = greedy), got {params.temperature}"
-            )
-        if not 0 < params.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {params.top_p}")
-        if any(not s for s in params.stop):
-            raise ValueError("SamplingParams.stop must not contain empty strings")
-        prompt_lists = []
-        for i, prompt in enumerate(prompts):
-            ids = [int(t) for t in prompt]
-            if not ids:
-                raise ValueError(f"prompt {i} is empty: a prompt needs at least one token")
-            if min(ids) < 0 or max(ids) >= self.vocab_size:
-                raise ValueError(f"prompt {i} has token ids outside [0, {self.vocab_size})")
-            prompt_lists.append(ids)
-        return prompt_lists
+        return checked_inputs(prompts, params, self.vocab_size)
 
 
 class _FastDecoder:
