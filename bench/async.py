@@ -1,5 +1,9 @@
-"""Asynchronous RL: the synchronous loop against async.max_staleness k = 1, 2, 4 (and k = 2 with partial
-rollouts, generated in chunks of 2 tokens), same task and budget.
+"""Asynchronous RL: the synchronous loop against async.max_staleness k = 1, 2, 4, k = 2 with partial
+rollouts (chunks of 2 tokens), and the periodic mode, same task and budget.
+
+The periodic mode overlaps the reference (and old) log-prob passes with generation; DAPO has
+neither, so that pair runs with the KL loss on (a reference pass per step), against the same
+synchronous run with the KL loss.
 
 Usage::
 
@@ -37,7 +41,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(out: Path, steps: int, staleness: int, seed: int, partial: bool = False) -> list[dict]:
+def run(out: Path, steps: int, staleness: int, seed: int, mode: str = "") -> list[dict]:
     cmd = [
         sys.executable, "-m", "engine", "run", "dapo",
         "--set", "data.eval_size=512",
@@ -51,8 +55,12 @@ def run(out: Path, steps: int, staleness: int, seed: int, partial: bool = False)
         "--set", "checkpoint.save_final=false",
         "--set", "logging.progress=off",
     ]  # fmt: skip
-    if partial:
+    if mode == "partial":
         cmd += ["--set", "async.partial_rollouts=true", "--set", "async.partial_chunk_tokens=2"]
+    if mode in ("kl", "periodic"):
+        cmd += ["--set", "algorithm.use_kl_loss=true"]
+    if mode == "periodic":
+        cmd += ["--set", "async.periodic=true"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=dict(os.environ))
     if proc.returncode != 0:
         raise SystemExit(f"k={staleness} failed:\n{proc.stderr[-3000:]}")
@@ -64,7 +72,7 @@ def summarise(metrics: list[dict], staleness: int) -> dict[str, float]:
     steps = [m["values"] for m in metrics if m["step"] > 0]
     wall = sum(v["timing_s/step"] for v in steps)
     tokens = sum(v["rollout/gen_tokens"] for v in steps)
-    if staleness == 0:
+    if staleness == 0:  # the synchronous loop (the periodic mode reports its own waits: summarised as k > 0)
         idle = sum(v["timing_s/gen"] + v["timing_s/reward"] for v in steps) / wall
     else:
         idle = sum(v["async/trainer_wait_s"] for v in steps) / wall
@@ -92,18 +100,29 @@ def main() -> None:
     parser.add_argument(
         "--partial", type=int, nargs="*", default=[2], help="staleness bounds to run again with partial rollouts"
     )
+    parser.add_argument(
+        "--no-periodic", dest="periodic", action="store_false", help="skip the periodic pair (sync and periodic, KL loss)"
+    )
     args = parser.parse_args()
     print(f"DAPO, arithmetic starter, {args.steps} steps, seed {args.seed}, {os.cpu_count()} cores")
     print("| setting | train s | tokens/s | vs sync | trainer idle | staleness | eval before -> after | 2-device model |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    reference = None
+    references: dict[str, float] = {}  # each row against its synchronous run (plain, or with the KL loss)
     with tempfile.TemporaryDirectory() as tmp:
-        settings = [(k, False) for k in args.k] + [(k, True) for k in args.partial]
-        for k, partial in settings:
-            s = summarise(run(Path(tmp) / f"k{k}{'p' * partial}", args.steps, k, args.seed, partial), k)
-            reference = reference or s["tokens_per_s"]
-            name = "synchronous" if k == 0 else f"async k={k}" + (" + partial rollouts" if partial else "")
-            model = f"{s['two_device_model']:.2f}x" if k == 0 else ""
+        settings = [(k, "") for k in args.k] + [(k, "partial") for k in args.partial]
+        if args.periodic:
+            settings += [(0, "kl"), (0, "periodic")]
+        for k, mode in settings:
+            s = summarise(run(Path(tmp) / f"k{k}{mode}", args.steps, k, args.seed, mode), k if mode != "periodic" else 1)
+            pair = "kl" if mode in ("kl", "periodic") else ""
+            reference = references.setdefault(pair, s["tokens_per_s"])
+            name = {
+                "": "synchronous" if k == 0 else f"async k={k}",
+                "partial": f"async k={k} + partial rollouts",
+                "kl": "synchronous, with KL loss",
+                "periodic": "periodic, with KL loss",
+            }[mode]
+            model = f"{s['two_device_model']:.2f}x" if mode in ("", "kl") and k == 0 else ""
             print(
                 f"| {name} | {s['wall_s']:.1f} | {s['tokens_per_s']:,.0f} | {s['tokens_per_s'] / reference:.2f}x | "
                 f"{s['idle']:.2f} | {s['staleness']:.2f} | {s['eval_before']:.3f} -> {s['eval_after']:.3f} | {model} |",

@@ -258,8 +258,8 @@ def _train(
 
 
 def orchestrator_class(cfg: RunConfig) -> type[Orchestrator]:
-    """The synchronous loop, or with ``async.max_staleness`` > 0 the producer thread running ahead."""
-    return AsyncOrchestrator if cfg.async_.max_staleness > 0 else Orchestrator
+    """The synchronous loop, or the producer thread: k > 0 steps ahead, or periodic (on-policy, within the step)."""
+    return AsyncOrchestrator if cfg.async_.max_staleness > 0 or cfg.async_.periodic else Orchestrator
 
 
 def make_trainer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> TrainerBackend:

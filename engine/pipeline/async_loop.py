@@ -18,6 +18,11 @@ main thread trains, bounded so that no sample is ever more than k policy version
 * with ``async.partial_rollouts`` the batches come from a pool of groups carried across steps
   (``engine/pipeline/partial.py``, APRIL); a group whose oldest token is more than k versions
   old when its step is trained is dropped and counted (``async/dropped_stale``);
+* ``async.periodic`` (k = 0) keeps every batch on-policy and overlaps within the step instead:
+  the producer generates the batch in slices and hands each over as it is scored; the trainer
+  computes its old/reference log-probs while the next slice generates, then updates on the whole
+  batch, after which the producer takes the new weights (Periodic Asynchrony's synchronisation
+  at the start of each iteration);
 * the off-policy correction for the lag (behaviour = rollout log-probs, proximal = the
   trainer's recomputation, truncated importance weights) is in the learner
   (``engine/algorithms/off_policy.py``).
@@ -42,6 +47,7 @@ from typing import Any
 
 import torch
 
+from engine.pipeline.batch import Rollout, collate
 from engine.pipeline.orchestrator import Orchestrator, RunOutcome
 from engine.pipeline.partial import PartialRolloutProducer
 from engine.pipeline.producer import ProducedBatch, RolloutProducer
@@ -90,6 +96,14 @@ class StalenessGate:
 
 
 @dataclass
+class _Slice:
+    """Periodic mode: groups of the step's batch, handed over while the rest of it generates."""
+
+    step: int
+    groups: list[list[Rollout]]
+
+
+@dataclass
 class _Handoff:
     """A produced batch with what the producer measured while making it."""
 
@@ -107,7 +121,8 @@ class AsyncOrchestrator(Orchestrator):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.k = self.cfg.async_.max_staleness
-        self._ready: queue.Queue[_Handoff | BaseException] = queue.Queue()
+        self.periodic = self.cfg.async_.periodic
+        self._ready: queue.Queue[_Slice | _Handoff | BaseException] = queue.Queue()
         self._backend_lock = threading.Lock()  # the producer's generation vs evaluation
         self._weights_lock = threading.Lock()
         self._published: tuple[int, Mapping[str, torch.Tensor]] | None = None
@@ -137,7 +152,14 @@ class AsyncOrchestrator(Orchestrator):
                     with self._sampler_lock:
                         self._sampler_before[step] = self.producer.sampler.state_dict()
                     t0 = time.perf_counter()
-                    produced = self._source.produce(step)
+                    if self.periodic:
+                        produced = self.producer.produce(
+                            step,
+                            on_slice=lambda groups, s=step: self._ready.put(_Slice(s, groups)),
+                            slices=self.cfg.async_.periodic_slices,
+                        )
+                    else:
+                        produced = self._source.produce(step)
                     t1 = time.perf_counter()
                 self._busy.append((t0, t1))
                 self._ready.put(_Handoff(step, produced, waited, (t0, t1), sync_s))
@@ -160,13 +182,22 @@ class AsyncOrchestrator(Orchestrator):
     # -- the seams of Orchestrator -----------------------------------------------------------
 
     def _next_batch(self, step: int) -> ProducedBatch:
-        t0 = time.perf_counter()
-        item = self._ready.get()
-        waited = time.perf_counter() - t0
-        if isinstance(item, BaseException):
-            raise RuntimeError(f"the rollout producer failed at step {step}: {item}") from item
+        waited = 0.0
+        first_work: float | None = None  # periodic: the trainer starts on the first slice
+        prefilled: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+        while True:
+            t0 = time.perf_counter()
+            item = self._ready.get()
+            waited += time.perf_counter() - t0
+            if isinstance(item, BaseException):
+                raise RuntimeError(f"the rollout producer failed at step {step}: {item}") from item
+            if not isinstance(item, _Slice):
+                break
+            first_work = first_work or time.perf_counter()
+            self._prefill(item, prefilled)
         if item.step != step:
             raise RuntimeError(f"the rollout producer handed over step {item.step} for step {step}")
+        prefilled_frac = self._use_prefilled(item.produced, prefilled)
         dropped = self._drop_stale(item.produced)
         produced = self._checked(step, item.produced)
         produced.metrics["async/dropped_stale"] = float(dropped)
@@ -174,10 +205,43 @@ class AsyncOrchestrator(Orchestrator):
         produced.metrics["timing_s/weight_sync"] = item.sync_s
         produced.metrics["async/trainer_wait_s"] = waited
         produced.metrics["async/producer_wait_s"] = item.waited_s
+        if self.periodic:
+            produced.metrics["async/prefilled_frac"] = prefilled_frac
         busy = item.busy[1] - item.busy[0]
         produced.metrics["async/producer_idle_ratio"] = item.waited_s / max(1e-9, item.waited_s + busy)
-        self._train_started = time.perf_counter()
+        self._train_started = first_work or time.perf_counter()
         return produced
+
+    def _prefill(self, item: _Slice, prefilled: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]) -> None:
+        """Periodic mode: the log-probs of a slice's rows, computed while the producer generates the next."""
+        rows = [r for g in item.groups for r in g]
+        if not rows:
+            return
+        old, ref = self.learner.log_probs(collate(rows, self.producer.pad_id, rows[0].completion.policy_version))
+        for i, row in enumerate(rows):
+            n = len(row.completion.token_ids)
+            prefilled[id(row)] = (None if old is None else old[i, :n], None if ref is None else ref[i, :n])
+
+    @staticmethod
+    def _use_prefilled(
+        produced: ProducedBatch, prefilled: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]
+    ) -> float:
+        """Fill the batch's old/reference log-probs from the slices (the learner then skips those passes);
+        returns the share of rows that came prefilled (1.0 unless the batch is empty)."""
+        batch = produced.batch
+        if batch is None or not prefilled:
+            return 0.0
+        if not all(id(r) in prefilled for r in batch.rows):
+            return 0.0  # cannot happen: every batch row was handed over in a slice; compute as usual
+        width = batch.response_ids.shape[1]
+        for index, field_name in ((0, "old_log_probs"), (1, "ref_log_probs")):
+            parts = [prefilled[id(r)][index] for r in batch.rows]
+            if parts[0] is not None:
+                full = torch.zeros(len(parts), width)
+                for i, part in enumerate(parts):
+                    full[i, : part.shape[0]] = part
+                setattr(batch, field_name, full)
+        return 1.0
 
     def _drop_stale(self, produced: ProducedBatch) -> int:
         """Leave out every group with a sample more than k versions behind the trainer; returns the

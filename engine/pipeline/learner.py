@@ -57,15 +57,22 @@ class Learner:
         a = self.cfg.async_
         return a.max_staleness > 0 and (a.importance_cap > 0 or a.mask_sequences_above > 0)
 
+    def log_probs(self, batch: RolloutBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The (old, reference) log-probs ``prepare`` would compute for ``batch`` (None where it needs none)."""
+        old = self.trainer.compute_log_probs(batch) if self.recomputes_old_log_probs else None
+        ref = self.trainer.compute_log_probs(batch, reference=True) if needs_reference(self.cfg) else None
+        return old, ref
+
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Fill ``old_log_probs``, ``ref_log_probs``, ``token_level_rewards`` and ``advantages``."""
         a = self.cfg.algorithm
         metrics: dict[str, float] = {}
         mask = batch.response_mask
         if self.recomputes_old_log_probs:
-            t0 = time.perf_counter()
-            batch.old_log_probs = self.trainer.compute_log_probs(batch)
-            metrics["timing_s/old_logprob"] = time.perf_counter() - t0
+            if batch.old_log_probs is None:  # the periodic mode computes them while the batch generates
+                t0 = time.perf_counter()
+                batch.old_log_probs = self.trainer.compute_log_probs(batch)
+                metrics["timing_s/old_logprob"] = time.perf_counter() - t0
             metrics.update(logprob_mismatch(batch.old_log_probs, batch.rollout_log_probs, mask))
             if self.corrects_off_policy:
                 batch.is_weights, is_metrics = importance_weights(
@@ -78,7 +85,7 @@ class Learner:
                 metrics.update(is_metrics)
                 if self.cfg.async_.scale_lr_by_ess and "offpolicy/ess" in is_metrics:
                     batch.extra["lr_scale"] = is_metrics["offpolicy/ess"]
-        if needs_reference(self.cfg):
+        if needs_reference(self.cfg) and batch.ref_log_probs is None:
             t0 = time.perf_counter()
             batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)
             metrics["timing_s/ref"] = time.perf_counter() - t0

@@ -9,6 +9,7 @@ samples again until the batch is full or ``max_num_gen_batches`` rounds are spen
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -105,7 +106,12 @@ class RolloutProducer:
         result = self.rewards.score(inputs)
         return rollouts_from_groups(prompts, groups, result.total, result.components, step), result
 
-    def produce(self, step: int) -> ProducedBatch:
+    def produce(
+        self, step: int, on_slice: Callable[[list[list[Rollout]]], None] | None = None, slices: int = 1
+    ) -> ProducedBatch:
+        """One step's batch. With ``on_slice``, each round is generated in ``slices`` parts and the
+        groups each part adds to the batch are handed to ``on_slice`` as soon as they are scored (the
+        periodic mode's overlap); a round stops early once the batch is full."""
         cfg = self.cfg
         want = cfg.trainer.prompts_per_step
         fg = cfg.algorithm.filter_groups
@@ -113,12 +119,20 @@ class RolloutProducer:
         for round_ in range(fg.max_num_gen_batches if fg.enable else 1):
             tally.rounds += 1
             prompts = self.sampler.next_batch(want)
-            params = self.sampling_params(n=cfg.rollout.n, seed=seed_for(cfg.trainer.seed, step, round_))
-            rows, result, g_s, r_s = self.generate_and_score(prompts, params, step)
-            tally.gen_s += g_s
-            tally.reward_s += r_s
-            tally.gen_tokens += sum(len(r.completion.token_ids) for r in rows)
-            tally.add_scored(rows, result)
+            seed = seed_for(cfg.trainer.seed, step, round_)
+            size = max(1, math.ceil(len(prompts) / slices) if on_slice is not None else len(prompts))
+            for part, start in enumerate(range(0, len(prompts), size)):
+                params = self.sampling_params(n=cfg.rollout.n, seed=seed + part)
+                rows, result, g_s, r_s = self.generate_and_score(prompts[start : start + size], params, step)
+                tally.gen_s += g_s
+                tally.reward_s += r_s
+                tally.gen_tokens += sum(len(r.completion.token_ids) for r in rows)
+                before = len(tally.kept)
+                tally.add_scored(rows, result)
+                if on_slice is not None and before < want:
+                    on_slice(tally.kept[before:want])
+                if len(tally.kept) >= want:
+                    break
             if len(tally.kept) >= want:
                 break
         return tally.produced(self.pad_id)

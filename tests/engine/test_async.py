@@ -250,3 +250,21 @@ def test_scale_lr_by_ess_scales_each_update_and_never_compounds(tiny_model_dir: 
     assert lrs[0.5] == lrs[1.0]
     for name, delta in moved[1.0].items():
         torch.testing.assert_close(moved[0.5][name], delta * 0.5, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_periodic_stays_on_policy_and_prefills_the_log_probs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Periodic mode: slices are handed over while the batch generates and their old and reference
+    log-probs computed then. They line up with the final batch row for row: the trainer's log-probs
+    equal the sampler's (fp32, same weights), which a misaligned row or a stale weight would break."""
+    with pytest.raises(ConfigError, match=r"async.periodic: the on-policy overlap needs async.max_staleness 0"):
+        load_config("grpo", ["async.periodic=true", "async.max_staleness=1"])
+    raw = small_config(tiny_model_dir, tmp_path / "run", total_steps=4)  # 2 epochs x 2 mini-batches, KL loss
+    raw["async"] = {"periodic": True, "periodic_slices": 3}
+    assert execute(build_config(raw)) == EXIT_SUCCEEDED
+    metrics = metrics_by_step(read_events(tmp_path / "run" / "events.jsonl"))
+    for step in range(1, 5):
+        m = metrics[step]
+        assert m["async/staleness_max"] == 0 and m["async/prefilled_frac"] == 1.0
+        assert "timing_s/old_logprob" not in m and "timing_s/ref" not in m  # done during generation
+        assert m["rollout/logprob_diff_max"] < 1e-4 and m["rollout/mismatch_kl"] < 1e-6
+        assert "offpolicy/ess" not in m  # on-policy: no correction
