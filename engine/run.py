@@ -45,12 +45,20 @@ EXIT_NAMES = {
 }
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, field: str = "trainer.device") -> torch.device:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` as a device of this machine; a clear error naming
+    ``field`` when the GPU it names is not there."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("trainer.device is 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if visible == 0 or (device.index or 0) >= visible:
+            raise ValueError(
+                f"{field} is {name!r} but this machine shows {visible} CUDA device(s); use 'auto', 'cpu' "
+                "or a GPU it has"
+            )
+    return device
 
 
 def train_device(cfg: RunConfig) -> torch.device:
@@ -190,10 +198,15 @@ def _train(
     # does not hold whole, settled weights: ZeRO-3 partitions its parameters across ranks, and an
     # asynchronous run generates while the trainer updates. There it gets a copy of its own,
     # refreshed from the (gathered) weights after each step.
-    own_copy = issubclass(orchestrator_class(cfg), AsyncOrchestrator) or (
-        cfg.trainer.backend == "deepspeed" and cfg.trainer.zero_stage == 3
+    # A rollout device of its own (rollout.device) needs a copy on that device too.
+    rollout_device = device if cfg.rollout.device == "auto" else pick_device(cfg.rollout.device, "rollout.device")
+    own_copy = (
+        issubclass(orchestrator_class(cfg), AsyncOrchestrator)
+        or (cfg.trainer.backend == "deepspeed" and cfg.trainer.zero_stage == 3)
+        or rollout_device != device
     )
     rollout_model = copy.deepcopy(model) if own_copy else model
+    placement = {"device": rollout_device} if cfg.rollout.backend == "torch" else {}
     backend = make_rollout_backend(
         cfg.rollout.backend,
         rollout_model,
@@ -201,6 +214,7 @@ def _train(
         max_batch_size=cfg.rollout.batch_size,
         model_dir=path,
         run_config=cfg,
+        **placement,
     )
     trainer = make_trainer(model, cfg, device)
     learner = Learner(cfg, trainer)

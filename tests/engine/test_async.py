@@ -268,3 +268,21 @@ def test_periodic_stays_on_policy_and_prefills_the_log_probs(tiny_model_dir: Pat
         assert "timing_s/old_logprob" not in m and "timing_s/ref" not in m  # done during generation
         assert m["rollout/logprob_diff_max"] < 1e-4 and m["rollout/mismatch_kl"] < 1e-6
         assert "offpolicy/ess" not in m  # on-policy: no correction
+
+
+def test_rollout_device_places_the_rollout_copy(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """rollout.device puts the generating copy of the policy on a device of its own (a second GPU
+    beside the trainer's); here the CPU, the only device, and a GPU this machine lacks."""
+    with pytest.raises(ConfigError, match=r"rollout.device: 'cuda:1' places the torch backend"):
+        load_config("grpo", ["rollout.backend=vllm", "rollout.device=cuda:1"])
+    with pytest.raises(ConfigError, match=r"rollout.device"):
+        load_config("grpo", ["rollout.device=gpu0"])
+    raw = small_config(tiny_model_dir, tmp_path / "run", total_steps=2)
+    raw["rollout"]["device"] = "cpu"
+    raw["async"] = {"max_staleness": 1}
+    assert execute(build_config(raw)) == EXIT_SUCCEEDED
+    if not torch.cuda.is_available():
+        raw = small_config(tiny_model_dir, tmp_path / "gpu", total_steps=2)
+        raw["rollout"]["device"] = "cuda:1"
+        with pytest.raises(ValueError, match=r"rollout.device is 'cuda:1' but this machine shows 0 CUDA device"):
+            execute(build_config(raw))
