@@ -86,8 +86,8 @@ def requirements(config: dict[str, Any]) -> Requirements:
     """The machine a run's (validated) config needs.
 
     GPUs: ``trainer.device: cuda`` needs one per rank (``trainer.num_ranks``, DeepSpeed's data
-    parallel ranks; 1 otherwise); ``auto`` runs anywhere (on the GPUs a worker lends it, else
-    on its CPUs). Backends: ``rollout.backend``, ``trainer.backend`` and a ``triton`` log-prob
+    parallel ranks; 1 otherwise), or more when ``rollout.device`` names a further GPU; ``auto``
+    runs anywhere (on the GPUs a worker lends it, else on its CPUs). Backends: ``rollout.backend``, ``trainer.backend`` and a ``triton`` log-prob
     kernel must be installed on the worker.
     """
     rollout = config.get("rollout") or {}
@@ -98,12 +98,20 @@ def requirements(config: dict[str, Any]) -> Requirements:
             backends.add(str(name))
     if trainer.get("logprob_impl") == "triton":
         backends.add("triton")
-    gpus = ranks(config) if trainer.get("device") == "cuda" else 0
+    gpus = gpu_set(config) if trainer.get("device") == "cuda" else 0
     return Requirements(gpus=gpus, backends=frozenset(backends))
 
 
 def ranks(config: dict[str, Any]) -> int:
     return max(1, int((config.get("trainer") or {}).get("num_ranks") or 1))
+
+
+def gpu_set(config: dict[str, Any]) -> int:
+    """GPUs a run uses on a GPU worker: one per trainer rank, and as many as its rollout device
+    reaches (``rollout.device: cuda:N`` generates on the (N+1)-th GPU it is lent)."""
+    device = str((config.get("rollout") or {}).get("device") or "auto")
+    rollout = int(device.split(":")[1]) + 1 if device.startswith("cuda:") else 0
+    return max(ranks(config), rollout)
 
 
 def gpus_to_lend(config: dict[str, Any], caps: Capabilities) -> int:
@@ -113,7 +121,7 @@ def gpus_to_lend(config: dict[str, Any], caps: Capabilities) -> int:
     """
     if not caps.gpus or (config.get("trainer") or {}).get("device") == "cpu":
         return 0
-    return ranks(config)
+    return gpu_set(config)
 
 
 def missing(caps: Capabilities, req: Requirements, gpus_free: int | None = None) -> list[str]:

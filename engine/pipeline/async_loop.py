@@ -37,12 +37,13 @@ On 2 CPU cores the two threads compete for the same cores; on GPU machines the r
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,7 +51,7 @@ import torch
 from engine.pipeline.batch import Rollout, collate
 from engine.pipeline.orchestrator import Orchestrator, RunOutcome
 from engine.pipeline.partial import PartialRolloutProducer
-from engine.pipeline.producer import ProducedBatch, RolloutProducer
+from engine.pipeline.producer import ProducedBatch
 
 
 class GateClosed(Exception):
@@ -99,7 +100,6 @@ class StalenessGate:
 class _Slice:
     """Periodic mode: groups of the step's batch, handed over while the rest of it generates."""
 
-    step: int
     groups: list[list[Rollout]]
 
 
@@ -112,7 +112,6 @@ class _Handoff:
     waited_s: float  # at the gate before generating
     busy: tuple[float, float]  # (start, end) of generation, perf_counter seconds
     sync_s: float  # loading the newest weights into the rollout backend
-    sampler_before: dict[str, Any] = field(default_factory=dict)
 
 
 class AsyncOrchestrator(Orchestrator):
@@ -133,10 +132,17 @@ class AsyncOrchestrator(Orchestrator):
         self._thread: threading.Thread | None = None
         self._total = self.cfg.trainer.total_steps
         self._threads = 0  # torch intra-op threads of each side on CPU (0: left alone)
-        # Where batches come from: whole rounds, or a pool of partial rollouts carried across steps.
-        self._source: RolloutProducer | PartialRolloutProducer = (
-            PartialRolloutProducer(self.producer) if self.cfg.async_.partial_rollouts else self.producer
-        )
+        # Where batches come from: whole rounds, rounds handed over in slices (periodic), or a pool
+        # of partial rollouts carried across steps.
+        self._produce: Callable[[int], ProducedBatch] = self.producer.produce
+        if self.cfg.async_.partial_rollouts:
+            self._produce = PartialRolloutProducer(self.producer).produce
+        elif self.periodic:
+            self._produce = functools.partial(
+                self.producer.produce,
+                on_slice=lambda groups: self._ready.put(_Slice(groups)),
+                slices=self.cfg.async_.periodic_slices,
+            )
 
     # -- the producer thread ---------------------------------------------------------------
 
@@ -152,14 +158,7 @@ class AsyncOrchestrator(Orchestrator):
                     with self._sampler_lock:
                         self._sampler_before[step] = self.producer.sampler.state_dict()
                     t0 = time.perf_counter()
-                    if self.periodic:
-                        produced = self.producer.produce(
-                            step,
-                            on_slice=lambda groups, s=step: self._ready.put(_Slice(s, groups)),
-                            slices=self.cfg.async_.periodic_slices,
-                        )
-                    else:
-                        produced = self._source.produce(step)
+                    produced = self._produce(step)
                     t1 = time.perf_counter()
                 self._busy.append((t0, t1))
                 self._ready.put(_Handoff(step, produced, waited, (t0, t1), sync_s))

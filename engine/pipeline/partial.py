@@ -60,6 +60,16 @@ class PartialCompletion:
         else:
             self.segments.append((version, len(token_ids)))
 
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` tokens (and their log-probs and segments)."""
+        del self.token_ids[length:], self.logprobs[length:]
+        kept, segments = 0, []
+        for version, n in self.segments:
+            if kept < length:
+                segments.append((version, min(n, length - kept)))
+                kept += n
+        self.segments = segments
+
     @property
     def oldest_version(self) -> int:
         return min(v for v, _ in self.segments) if self.segments else -1
@@ -142,15 +152,7 @@ class PartialRolloutProducer:
             return
         for end in range(1, len(c.token_ids) + 1):  # the shortest prefix that contains it
             if any(s in self.decode(c.token_ids[:end]) for s in self.cfg.rollout.stop):
-                drop = len(c.token_ids) - end
-                del c.token_ids[end:], c.logprobs[end:]
-                while drop:
-                    version, n = c.segments[-1]
-                    cut = min(n, drop)
-                    c.segments[-1] = (version, n - cut)
-                    if c.segments[-1][1] == 0:
-                        c.segments.pop()
-                    drop -= cut
+                c.truncate(end)
                 c.finish_reason = "stop"
                 return
 

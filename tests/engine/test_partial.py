@@ -105,3 +105,18 @@ def test_a_partial_run_keeps_its_bound(tiny_model_dir: Path, tmp_path: Path) -> 
         m = metrics[step]
         assert m["async/staleness_max"] <= 2 and m["async/dropped_stale"] >= 0
         assert m["partial/chunks"] >= 3  # 6 new tokens in chunks of 2
+
+
+def test_truncating_a_completion_keeps_its_segments_in_step() -> None:
+    """A stop string found across two chunks cuts the completion inside its second segment."""
+    from engine.pipeline.partial import PartialCompletion
+
+    c = PartialCompletion()
+    c.add([1, 2], [-0.1, -0.2], version=0)
+    c.add([3, 4, 5], [-0.3, -0.4, -0.5], version=1)
+    c.add([6], [-0.6], version=1)
+    assert c.segments == [(0, 2), (1, 4)]
+    c.truncate(3)
+    assert (c.token_ids, c.logprobs, c.segments) == ([1, 2, 3], [-0.1, -0.2, -0.3], [(0, 2), (1, 1)])
+    c.truncate(2)
+    assert c.segments == [(0, 2)] and c.oldest_version == 0

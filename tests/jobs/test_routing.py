@@ -73,6 +73,9 @@ def test_gpus_lent_per_run() -> None:
     assert gpus_to_lend({"trainer": {"device": "auto"}}, caps(gpus=8)) == 1
     assert gpus_to_lend({"trainer": {"device": "cpu"}}, caps(gpus=8)) == 0
     assert gpus_to_lend({"trainer": {"device": "cuda", "num_ranks": 2}}, caps(gpus=8)) == 2
+    # An asynchronous run generating on a second GPU beside its trainer's is lent both.
+    beside = {"trainer": {"device": "cuda"}, "rollout": {"device": "cuda:1"}}
+    assert gpus_to_lend(beside, caps(gpus=8)) == 2 and requirements(beside).gpus == 2
 
 
 def test_gpu_list_from_the_environment() -> None:
