@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,8 +22,8 @@ import engine.run
 from engine.algorithms.off_policy import importance_weights
 from engine.config import ConfigError, build_config, load_config
 from engine.pipeline.async_loop import AsyncOrchestrator, GateClosed, StalenessGate
-from engine.run import EXIT_CANCELLED, EXIT_SUCCEEDED, execute
-from tests.engine.test_run import metrics_by_step, read_events, small_config
+from engine.run import EXIT_SUCCEEDED, execute
+from tests.engine.test_run import cancel_then_resume, metrics_by_step, read_events, small_config
 
 # ----------------------------------------------------------------------------- the gate
 
@@ -192,36 +189,10 @@ def test_an_async_run_keeps_its_bound_and_corrects(k: int, tiny_model_dir: Path,
 def test_cancel_checkpoints_and_resume_continues(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = small_config(tiny_model_dir, tmp_path / "run", total_steps=500)
     cfg["async"] = {"max_staleness": 2}
-    cfg["checkpoint"]["every_steps"] = 0
-    cfg_path = tmp_path / "run.json"
-    cfg_path.write_text(json.dumps(cfg))
-    events_path = tmp_path / "run" / "events.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "run", str(cfg_path)], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if events_path.exists() and any(e["type"] == "metrics" and e["step"] >= 3 for e in read_events(events_path)):
-            break
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_CANCELLED, stderr
-    ckpt = [e for e in read_events(events_path) if e["type"] == "checkpoint"][-1]
-    stopped_at = ckpt["step"]
+    ckpt = cancel_then_resume(cfg, tmp_path, after_step=3, more_steps=3)
     state = json.loads((Path(ckpt["path"]) / "state.json").read_text())
     # The data position is that of the next batch to train, not of the ones generated ahead.
-    assert state["sampler"]["position"] == stopped_at * cfg["trainer"]["prompts_per_step"], state["sampler"]
-
-    cfg["trainer"]["total_steps"] = stopped_at + 3
-    cfg_path.write_text(json.dumps(cfg))
-    out = subprocess.run(
-        [sys.executable, "-m", "engine", "run", str(cfg_path), "--resume", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert out.returncode == EXIT_SUCCEEDED, out.stderr
-    events = read_events(events_path)
-    seqs = [e["seq"] for e in events]
-    assert seqs == sorted(set(seqs))
-    assert [e["step"] for e in events if e["type"] == "metrics"][-3:] == [stopped_at + 1, stopped_at + 2, stopped_at + 3]
+    assert state["sampler"]["position"] == ckpt["step"] * cfg["trainer"]["prompts_per_step"], state["sampler"]
 
 
 def test_scale_lr_by_ess_scales_each_update_and_never_compounds(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -93,38 +93,48 @@ def test_run_writes_the_protocol_and_resume_is_exact(tiny_model_dir: Path, tmp_p
         assert again[s] == pytest.approx(metrics[s], rel=1e-6, abs=1e-7), s
 
 
-def test_sigterm_checkpoints_and_exits_cancelled_then_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cfg_path = tmp_path / "run.json"
-    cfg = small_config(tiny_model_dir, tmp_path / "run", total_steps=200)
+def cancel_then_resume(cfg: dict, tmp_path: Path, *, after_step: int = 1, more_steps: int = 1) -> dict:
+    """Run ``cfg`` (output in ``tmp_path / "run"``) with ``python -m engine run``, send SIGTERM once
+    step ``after_step`` is logged, check it checkpoints and exits cancelled, then ``--resume`` it
+    for ``more_steps`` further steps and check the log continues; returns the last checkpoint event."""
     cfg["checkpoint"]["every_steps"] = 0
+    total = cfg["trainer"]["total_steps"]
+    cfg_path = tmp_path / "run.json"
     cfg_path.write_text(json.dumps(cfg))
     events_path = tmp_path / "run" / "events.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "engine", "run", str(cfg_path)], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if events_path.exists() and any(e["type"] == "metrics" and e["step"] >= 1 for e in read_events(events_path)):
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if events_path.exists() and any(e["type"] == "metrics" and e["step"] >= after_step for e in read_events(events_path)):
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=180)
     assert proc.returncode == EXIT_CANCELLED, stderr
     events = read_events(events_path)
     assert events[-1]["type"] == "status" and events[-1]["state"] == "cancelled"
     ckpt = [e for e in events if e["type"] == "checkpoint"][-1]
     stopped_at = ckpt["step"]
-    assert 1 <= stopped_at < 200
-    cfg["trainer"]["total_steps"] = stopped_at + 1
+    assert after_step <= stopped_at < total
+
+    cfg["trainer"]["total_steps"] = stopped_at + more_steps
     cfg_path.write_text(json.dumps(cfg))
     out = subprocess.run(
         [sys.executable, "-m", "engine", "run", str(cfg_path), "--resume", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=300,
-    )
+    )  # fmt: skip
     assert out.returncode == EXIT_SUCCEEDED, out.stderr
     events = read_events(events_path)
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(set(seqs))  # strictly increasing across the resume
     assert events[-1]["state"] == "succeeded"
-    assert [e["step"] for e in events if e["type"] == "metrics"][-1] == stopped_at + 1
+    resumed = [e["step"] for e in events if e["type"] == "metrics"][-more_steps:]
+    assert resumed == list(range(stopped_at + 1, stopped_at + more_steps + 1))
+    return ckpt
+
+
+def test_sigterm_checkpoints_and_exits_cancelled_then_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    cancel_then_resume(small_config(tiny_model_dir, tmp_path / "run", total_steps=200), tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -10,16 +10,14 @@ weights equal to the torch run's), DeepSpeed's partitions in every checkpoint, a
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from engine.run import EXIT_CANCELLED, EXIT_SUCCEEDED
-from tests.engine.test_run import metrics_by_step, read_events, small_config
+from engine.run import EXIT_SUCCEEDED
+from tests.engine.test_run import cancel_then_resume, metrics_by_step, read_events, small_config
 
 STEPS = 4
 COMPARED = ("reward/mean", "actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "actor/lr")
@@ -92,38 +90,8 @@ def test_deepspeed_run_matches_the_torch_run(
 
 def test_cancel_checkpoints_every_rank_and_resume_continues(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = deepspeed(small_config(tiny_model_dir, tmp_path / "run", total_steps=200), 2)
-    cfg["checkpoint"]["every_steps"] = 0
-    cfg_path = tmp_path / "run.json"
-    cfg_path.write_text(json.dumps(cfg))
-    events_path = tmp_path / "run" / "events.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine", "run", str(cfg_path)], stderr=subprocess.PIPE, text=True
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        if events_path.exists() and any(
-            e["type"] == "metrics" and e["step"] >= 1 for e in read_events(events_path)
-        ):
-            break
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=180)
-    assert proc.returncode == EXIT_CANCELLED, stderr
-    events = read_events(events_path)
-    assert events[-1]["type"] == "status" and events[-1]["state"] == "cancelled"
-    ckpt = [e for e in events if e["type"] == "checkpoint"][-1]
-    stopped_at = ckpt["step"]
-    assert 1 <= stopped_at < 200
+    ckpt = cancel_then_resume(cfg, tmp_path, more_steps=2)
     assert len(list((Path(ckpt["path"]) / "deepspeed" / "state").glob("*optim_states*"))) == 2
-
-    cfg["trainer"]["total_steps"] = stopped_at + 2
-    out = engine_run(cfg, cfg_path, "--resume", str(tmp_path / "run"))
-    assert out.returncode == EXIT_SUCCEEDED, out.stderr
-    events = read_events(events_path)
-    seqs = [e["seq"] for e in events]
-    assert seqs == sorted(set(seqs))  # strictly increasing across the resume
-    assert events[-1]["state"] == "succeeded"
-    assert [e["step"] for e in events if e["type"] == "metrics"][-2:] == [stopped_at + 1, stopped_at + 2]
 
 
 def test_an_async_run_with_partial_rollouts_on_two_ranks(tiny_model_dir: Path, tmp_path: Path) -> None:
