@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from engine.config import ConfigError, build_config, deep_merge
 from jobs.app import SUPERVISE_TASK
+from jobs.registry import WorkerEntry
 from webapp.live.groups import tell_worker_to_cancel
 from webapp.runs import routing
 from webapp.runs.choices import FINAL_STATUSES, ParentKind, RunStatus
@@ -84,7 +85,8 @@ def create_run(
 
     ``resume_path`` overrides where the engine resumes from (default: ``resume_from.path``)."""
     validated = validate_run_config(config)
-    queue = routing.resolve_queue(_check_queue(queue), validated, routing.live_workers())
+    workers = routing.live_workers()  # one registry read serves the queue choice and the waiting message
+    queue = routing.resolve_queue(_check_queue(queue), validated, workers)
     name = (name or validated.get("name") or "run").strip()[:200]
     with transaction.atomic():
         run = Run.objects.create(
@@ -101,12 +103,13 @@ def create_run(
             # A resume numbers its own events from 1; its series continue after the step.
             last_step=resume_from.step if resume_from else 0,
         )
-        transaction.on_commit(lambda: queue_run(run, resume_path=resume_path))
+        transaction.on_commit(lambda: queue_run(run, resume_path=resume_path, workers=workers))
     return run
 
 
-def queue_run(run: Run, *, resume_path: str | None = None) -> None:
-    """Send the supervisor task for ``run`` to its queue, with a fresh ingest token."""
+def queue_run(run: Run, *, resume_path: str | None = None, workers: list[WorkerEntry] | None = None) -> None:
+    """Send the supervisor task for ``run`` to its queue, with a fresh ingest token; its status says
+    why it waits when no online worker (``workers``, read from the registry if not given) can take it."""
     from jobs.app import app
 
     app.send_task(
@@ -120,7 +123,7 @@ def queue_run(run: Run, *, resume_path: str | None = None) -> None:
         },
         queue=run.queue,
     )
-    routing.refresh_waiting(run, routing.live_workers())
+    routing.refresh_waiting(run, routing.live_workers() if workers is None else workers)
 
 
 def request_cancel(run: Run, message: str = "") -> Run:
