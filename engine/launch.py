@@ -51,7 +51,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Runs in the child between fork and exec: if the launcher dies (even by SIGKILL), the
     # kernel kills the rank instead of leaving it waiting forever on its peers.
     if sys.platform.startswith("linux"):
@@ -96,7 +96,7 @@ def launch_ranks(argv: Sequence[str], num_ranks: int, *, env: dict[str, str] | N
                     env=rank_env,
                     stdout=None if rank == 0 else sys.stderr.fileno(),
                     start_new_session=True,  # signals reach the ranks only through forward()
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
             )
         return _wait(procs)

@@ -29,7 +29,8 @@ from engine.pipeline.learner import Learner, needs_reference
 from engine.pipeline.orchestrator import Orchestrator
 from engine.pipeline.producer import RolloutProducer
 from engine.rewards import RewardManager
-from engine.rollout import make_rollout_backend
+from engine.rollout import RolloutBackend, make_rollout_backend
+from engine.rollout.process_backend import BackendSpec, ProcessRolloutBackend, visible_device_env
 from engine.trainer import TorchTrainer, TrainerBackend
 
 EXIT_SUCCEEDED = 0
@@ -194,28 +195,7 @@ def _train(
             "warning", f"{splits.skipped_too_long} prompts longer than data.max_prompt_length were skipped"
         )
     sampler = PromptSampler(splits.train, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
-    # The torch rollout backend samples from the trainer's own module, except where that module
-    # does not hold whole, settled weights: ZeRO-3 partitions its parameters across ranks, and an
-    # asynchronous run generates while the trainer updates. There it gets a copy of its own,
-    # refreshed from the (gathered) weights after each step.
-    # A rollout device of its own (rollout.device) needs a copy on that device too.
-    rollout_device = device if cfg.rollout.device == "auto" else pick_device(cfg.rollout.device, "rollout.device")
-    own_copy = (
-        issubclass(orchestrator_class(cfg), AsyncOrchestrator)
-        or (cfg.trainer.backend == "deepspeed" and cfg.trainer.zero_stage == 3)
-        or rollout_device != device
-    )
-    rollout_model = copy.deepcopy(model) if own_copy else model
-    placement = {"device": rollout_device} if cfg.rollout.backend == "torch" else {}
-    backend = make_rollout_backend(
-        cfg.rollout.backend,
-        rollout_model,
-        tokenizer,
-        max_batch_size=cfg.rollout.batch_size,
-        model_dir=path,
-        run_config=cfg,
-        **placement,
-    )
+    backend = build_rollout_backend(cfg, model, tokenizer, path, device)
     trainer = make_trainer(model, cfg, device)
     learner = Learner(cfg, trainer)
     start_step = 0
@@ -269,6 +249,56 @@ def _train(
             backend.close()
             trainer.close()
     return outcome.state, outcome.step
+
+
+def build_rollout_backend(
+    cfg: RunConfig, model: torch.nn.Module, tokenizer: Any, path: Path, device: torch.device
+) -> RolloutBackend:
+    """The run's rollout backend: in this process, or in a child of its own (``rollout.own_process``).
+
+    In this process the torch backend samples from the trainer's own module, except where that module
+    does not hold whole, settled weights: ZeRO-3 partitions its parameters across ranks, and an
+    asynchronous run generates while the trainer updates. There it gets a copy of its own, refreshed
+    from the (gathered) weights after each step; so does a rollout device of its own (rollout.device).
+    A child process loads the model from ``path`` itself and gets every update through shared memory.
+    """
+    asynchronous = issubclass(orchestrator_class(cfg), AsyncOrchestrator)
+    rollout_device = device if cfg.rollout.device == "auto" else pick_device(cfg.rollout.device, "rollout.device")
+    if cfg.rollout.in_own_process:
+        threads = torch.get_num_threads()
+        if asynchronous and rollout_device.type == "cpu":
+            threads = max(1, threads // 2)  # the trainer keeps the other half (AsyncOrchestrator.run)
+        env = visible_device_env("cpu" if rollout_device.type == "cpu" else _indexed(rollout_device))
+        spec = BackendSpec(
+            name=cfg.rollout.backend,
+            model_dir=str(path),
+            dtype=cfg.model.dtype,
+            device="cpu" if rollout_device.type == "cpu" else "cuda",
+            threads=threads,
+            run_config=cfg.model_dump(mode="json", by_alias=True),
+            options={"max_batch_size": cfg.rollout.batch_size},
+        )
+        return ProcessRolloutBackend(spec, env=env)
+    own_copy = (
+        asynchronous
+        or (cfg.trainer.backend == "deepspeed" and cfg.trainer.zero_stage == 3)
+        or rollout_device != device
+    )
+    placement = {"device": rollout_device} if cfg.rollout.backend == "torch" else {}
+    return make_rollout_backend(
+        cfg.rollout.backend,
+        copy.deepcopy(model) if own_copy else model,
+        tokenizer,
+        max_batch_size=cfg.rollout.batch_size,
+        model_dir=path,
+        run_config=cfg,
+        **placement,
+    )
+
+
+def _indexed(device: torch.device) -> str:
+    """``cuda`` as ``cuda:N`` (the current GPU), so the child is given exactly one."""
+    return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
 
 
 def orchestrator_class(cfg: RunConfig) -> type[Orchestrator]:

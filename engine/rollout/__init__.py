@@ -3,7 +3,8 @@
 ``make_rollout_backend("torch", model, tokenizer, max_batch_size=...)`` builds one by name; every
 backend implements :class:`RolloutBackend` (see ``engine/rollout/base.py``). ``"vllm"`` runs vLLM's
 engine on the model directory (``engine/rollout/vllm_backend.py``); its module, and vLLM, are imported
-only when it is chosen.
+only when it is chosen. Either can run in a child process of its own (``rollout.own_process``):
+``engine/rollout/process_backend.py`` wraps it behind the same protocol.
 """
 
 from __future__ import annotations
