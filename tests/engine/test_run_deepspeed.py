@@ -94,10 +94,13 @@ def test_cancel_checkpoints_every_rank_and_resume_continues(tiny_model_dir: Path
     assert len(list((Path(ckpt["path"]) / "deepspeed" / "state").glob("*optim_states*"))) == 2
 
 
-def test_an_async_run_with_partial_rollouts_on_two_ranks(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The producer thread runs on rank 0 beside the trainer's commands to every rank."""
+@pytest.mark.parametrize("own_process", [False, True], ids=["thread", "own-process"])
+def test_an_async_run_with_partial_rollouts_on_two_ranks(tiny_model_dir: Path, tmp_path: Path, own_process: bool) -> None:
+    """The producer thread runs on rank 0 beside the trainer's commands to every rank; its backend
+    generates in rank 0's process or in a child of its own, fed the weights ZeRO gathers."""
     cfg = deepspeed(small_config(tiny_model_dir, tmp_path / "run", total_steps=STEPS), 2)
     cfg["async"] = {"max_staleness": 2, "partial_rollouts": True, "partial_chunk_tokens": 3}
+    cfg["rollout"]["own_process"] = own_process
     proc = engine_run(cfg, tmp_path / "run.json")
     assert proc.returncode == EXIT_SUCCEEDED, proc.stderr
     metrics = metrics_by_step(read_events(tmp_path / "run" / "events.jsonl"))
