@@ -77,6 +77,20 @@ def check_finish_reasons(groups: list[PromptCompletions], tokenizer, params: Sam
             assert not any(t in eos for t in c.token_ids[:-1]), "tokens after EOS"
 
 
+def randomized(model, seed: int = 0, std: float = 0.2):
+    """``model`` with its matrices redrawn at ``std``.
+
+    ``make_model``'s initialisation (std 0.02, tied embeddings) makes a tiny model repeat its last prompt
+    token forever; larger weights give varied completions and peaked distributions to test against.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, weight in sorted(model.named_parameters()):
+            if weight.dim() >= 2:
+                weight.copy_(torch.randn(weight.shape, generator=generator) * std)
+    return model
+
+
 @contextmanager
 def restored(backend: RolloutBackend, policy_weights: Mapping[str, torch.Tensor]) -> Iterator[None]:
     try:

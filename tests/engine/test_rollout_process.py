@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.config import build_config
-from engine.models import load_model, load_tokenizer
+from engine.models import load_model
 from engine.rollout import SamplingParams, make_rollout_backend
 from engine.rollout.process_backend import (
     BackendSpec,
@@ -23,8 +23,8 @@ from engine.rollout.process_backend import (
     visible_device_env,
 )
 from engine.run import EXIT_SUCCEEDED, execute
-from tests.engine.rollout_contract import RolloutBackendContract, encode
-from tests.engine.test_rollout_torch import MIXED_TEXTS, randomized
+from tests.engine.rollout_contract import RolloutBackendContract, encode, randomized
+from tests.engine.test_rollout_torch import MIXED_TEXTS
 from tests.engine.test_run import cancel_then_resume, metrics_by_step, read_events, small_config
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -36,33 +36,6 @@ def shm_files() -> set[str]:
 
 
 # ----------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tiny_model_dir, tokenizer, tmp_path_factory):
-    """The tiny model with larger random weights (varied, peaked outputs), saved for the child to load."""
-    path = tmp_path_factory.mktemp("process-policy")
-    randomized(load_model(tiny_model_dir)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def policy_weights(policy_dir):
-    return {k: v.clone() for k, v in load_model(policy_dir).state_dict().items()}
-
-
-@pytest.fixture(scope="module")
-def eos_weights(policy_weights, tokenizer):
-    assert tokenizer.eos_token_id == 0
-    weights = dict(policy_weights)
-    weights["model.norm.weight"] = torch.zeros_like(weights["model.norm.weight"])
-    return weights
 
 
 @pytest.fixture(scope="module")

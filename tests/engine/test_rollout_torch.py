@@ -17,6 +17,7 @@ from tests.engine.rollout_contract import (
     check_finish_reasons,
     check_shapes,
     encode,
+    randomized,
 )
 
 LOGPROB_ATOL = 1e-5
@@ -38,25 +39,6 @@ MIXED_TEXTS = (
 # ----------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-def randomized(model, seed: int = 0, std: float = 0.2):
-    """``model`` with its matrices redrawn at ``std``.
-
-    ``make_model``'s initialisation (std 0.02, tied embeddings) makes a tiny model repeat its last prompt
-    token forever; larger weights give varied completions and peaked distributions to test against.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, weight in sorted(model.named_parameters()):
-            if weight.dim() >= 2:
-                weight.copy_(torch.randn(weight.shape, generator=generator) * std)
-    return model
-
-
 @pytest.fixture
 def model(tiny_model_dir):
     return randomized(load_model(tiny_model_dir))
@@ -67,20 +49,6 @@ def backend(model, tokenizer):
     backend = TorchRolloutBackend(model, tokenizer)
     yield backend
     backend.close()
-
-
-@pytest.fixture(scope="module")
-def policy_weights(tiny_model_dir):
-    return {k: v.clone() for k, v in randomized(load_model(tiny_model_dir)).state_dict().items()}
-
-
-@pytest.fixture(scope="module")
-def eos_weights(policy_weights, tokenizer):
-    # Zero final-norm weight: every logit is exactly 0 and argmax picks id 0, EOS for make_model tokenizers.
-    assert tokenizer.eos_token_id == 0
-    weights = dict(policy_weights)
-    weights["model.norm.weight"] = torch.zeros_like(weights["model.norm.weight"])
-    return weights
 
 
 @pytest.fixture

@@ -25,8 +25,13 @@ import torch
 from engine.config import RolloutConfig, build_config
 from engine.models import load_model, load_tokenizer
 from engine.rollout import SamplingParams, make_rollout_backend
-from tests.engine.rollout_contract import RolloutBackendContract, check_finish_reasons, check_shapes, encode
-from tests.engine.test_rollout_torch import MIXED_TEXTS, full_forward_logprobs, randomized
+from tests.engine.rollout_contract import (
+    RolloutBackendContract,
+    check_finish_reasons,
+    check_shapes,
+    encode,
+)
+from tests.engine.test_rollout_torch import MIXED_TEXTS, full_forward_logprobs
 
 CHILD_ENV = "TRIBUTARY_VLLM_TESTS"
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -80,33 +85,6 @@ def test_missing_vllm_names_the_install_extra(monkeypatch: pytest.MonkeyPatch, t
 
 
 # ----------------------------------------------------------------------------- fixtures (child process)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tiny_model_dir, tokenizer, tmp_path_factory):
-    """The tiny model with larger random weights (varied, peaked outputs), saved where vLLM can load it."""
-    path = tmp_path_factory.mktemp("vllm-policy")
-    randomized(load_model(tiny_model_dir)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def policy_weights(policy_dir):
-    return {k: v.clone() for k, v in load_model(policy_dir).state_dict().items()}
-
-
-@pytest.fixture(scope="module")
-def eos_weights(policy_weights, tokenizer):
-    assert tokenizer.eos_token_id == 0
-    weights = dict(policy_weights)
-    weights["model.norm.weight"] = torch.zeros_like(weights["model.norm.weight"])
-    return weights
 
 
 @pytest.fixture(scope="module")
