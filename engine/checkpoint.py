@@ -4,7 +4,8 @@ A checkpoint is a directory ``<run_dir>/checkpoints/step_<N>/`` holding the poli
 transformers model directory (``model.safetensors``, config, tokenizer: usable as
 ``model.path`` of a new run), ``optimizer.pt`` (optimiser and scheduler; a DeepSpeed run has its ranks' partitions in
 ``deepspeed/`` instead), and ``state.json``
-(step, last event seq, data position, RNG states, controller values, the config). It is
+(step, last event seq, data position, RNG states, controller values, the config, and the partial
+rollouts in flight that a resume continues). It is
 written into a temporary directory and renamed into place, so a crash never leaves a
 half-written checkpoint where resume would find it.
 """
@@ -17,7 +18,7 @@ import os
 import pickle
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,9 @@ class CheckpointState:
     rng: dict[str, str]
     extra: dict[str, Any]
     config: dict[str, Any]
+    # Rollouts drawn and partly generated but not yet trained (async.partial_rollouts, see
+    # engine/pipeline/partial.py: pool_state); empty otherwise and in older checkpoints.
+    in_flight: dict[str, Any] = field(default_factory=dict)
 
 
 def capture_rng() -> dict[str, str]:

@@ -518,6 +518,18 @@ class AsyncConfig(Section):
         "k > 0 generates up to k batches ahead of training, and the trainer never trains on a sample more "
         "than k versions old.",
     )
+    stale_samples: Literal["wait", "drop"] = Field(
+        "wait",
+        title="Stale samples",
+        description="How a sample that would be more than k versions old is kept out of training. "
+        "'wait': nothing is dropped; with partial rollouts, a group that would be more than k versions old if "
+        "its generation were carried into the next step is finished in the current step instead (the step "
+        "waits for it, and it joins that step's batch, which may then hold more than prompts_per_step groups), "
+        "counted as partial/forced_groups. 'drop': unfinished groups are always carried over, and a group whose "
+        "oldest token is more than k versions old when its step trains is left out, counted as "
+        "async/dropped_stale. Whole-round generation (no partial rollouts) never makes such a sample: the "
+        "producer waits until it may generate, so both settings behave the same there.",
+    )
     importance_cap: float = Field(
         2.0,
         ge=0.0,
@@ -545,8 +557,8 @@ class AsyncConfig(Section):
         False,
         title="Partial rollouts",
         description="k > 0 (APRIL): over-provision prompts, end a step's generation once enough groups are "
-        "finished, and continue the unfinished completions next step with the newer weights. A sample "
-        "whose oldest token is more than k versions old is dropped (and counted).",
+        "finished, and continue the unfinished completions next step with the newer weights. A group that "
+        "would exceed k versions is finished in time or dropped, as stale_samples says.",
     )
     overprovision: float = Field(
         0.5,

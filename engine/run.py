@@ -240,6 +240,8 @@ def _train(
             checkpoint_extra=checkpoint_extra,
             progress=progress,
         )
+        if state is not None:
+            orchestrator.restore_in_flight(state.in_flight, splits.train)
         sink.status("running", f"step {start_step} of {cfg.trainer.total_steps} on {device}")
         try:
             outcome = orchestrator.run(start_step)

@@ -16,8 +16,13 @@ main thread trains, bounded so that no sample is ever more than k policy version
   rollout backend (which holds a copy of the policy of its own) just before it generates, so a
   batch is never sampled from weights the trainer is changing;
 * with ``async.partial_rollouts`` the batches come from a pool of groups carried across steps
-  (``engine/pipeline/partial.py``, APRIL); a group whose oldest token is more than k versions
-  old when its step is trained is dropped and counted (``async/dropped_stale``);
+  (``engine/pipeline/partial.py``, APRIL). Carrying a group over ages it; ``async.stale_samples``
+  keeps it within k: ``wait`` finishes and trains in the current step every group that could
+  not be carried further (against the gate's bound on the trainer's next version,
+  :meth:`StalenessGate.version_bound`), so nothing is dropped; ``drop`` carries every
+  unfinished group and leaves out, counted (``async/dropped_stale``), a group more than k
+  versions old when its step is trained. The pool is checkpointed with the data position
+  (the state before the next step's round), so a resume continues it;
 * ``async.periodic`` (k = 0) keeps every batch on-policy and overlaps within the step instead:
   the producer generates the batch in slices and hands each over as it is scored; the trainer
   computes its old/reference log-probs while the next slice generates, then updates on the whole
@@ -42,15 +47,16 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from engine.pipeline.batch import Rollout, collate
+from engine.data import Prompt
+from engine.pipeline.batch import Rollout, RolloutBatch, collate
 from engine.pipeline.orchestrator import Orchestrator, RunOutcome
-from engine.pipeline.partial import PartialRolloutProducer
+from engine.pipeline.partial import PartialGroup, PartialRolloutProducer, pool_state
 from engine.pipeline.producer import ProducedBatch
 
 
@@ -61,15 +67,19 @@ class GateClosed(Exception):
 class StalenessGate:
     """Lets the producer start step ``s`` once the trainer has finished step ``s - 1 - k``.
 
-    ``wait(s)`` blocks the producer and returns the seconds it waited; ``trained(s)`` is the
-    trainer's report; ``close()`` releases a waiting producer for good (``GateClosed``).
+    ``wait(s)`` blocks the producer and returns the seconds it waited; ``trained(s, version)`` is
+    the trainer's report (with the policy version it holds after step ``s``); ``close()`` releases
+    a waiting producer for good (``GateClosed``). ``version_bound(s)`` bounds the version the
+    trainer will hold when it trains step ``s``, for the producer to judge how old a sample will
+    be there.
     """
 
-    def __init__(self, max_staleness: int, trained_step: int) -> None:
+    def __init__(self, max_staleness: int, trained_step: int, trained_version: int | None = None) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.k = max_staleness
         self._trained = trained_step
+        self._version = trained_step if trained_version is None else trained_version
         self._closed = False
         self._cond = threading.Condition()
 
@@ -85,15 +95,40 @@ class StalenessGate:
                 raise GateClosed
         return time.perf_counter() - t0
 
-    def trained(self, step: int) -> None:
+    def trained(self, step: int, version: int | None = None) -> None:
+        """The trainer finished ``step`` holding policy ``version`` (None: one update per step)."""
         with self._cond:
+            if version is None:
+                version = self._version + max(0, step - self._trained)
             self._trained = max(self._trained, step)
+            self._version = max(self._version, version)
             self._cond.notify_all()
+
+    def version_bound(self, step: int) -> int:
+        """The highest policy version the trainer can hold when it trains step ``step``: the version
+        after the last step it reported, plus one for each step before ``step`` still to train (a
+        step updates the policy at most once; one whose batch was all filtered out does not)."""
+        with self._cond:
+            return self._version + max(0, step - 1 - self._trained)
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+def drop_stale(batch: RolloutBatch | None, trainer_version: int, k: int) -> tuple[RolloutBatch | None, int]:
+    """``batch`` without the groups holding a sample more than ``k`` versions behind
+    ``trainer_version`` (None if none is left), and the number of samples left out. A whole group
+    goes: its advantages are relative to its other samples."""
+    if batch is None:
+        return None, 0
+    oldest_allowed = trainer_version - k
+    stale = {r.group for r in batch.rows if r.completion.policy_version < oldest_allowed}
+    if not stale:
+        return batch, 0
+    keep = [i for i, r in enumerate(batch.rows) if r.group not in stale]
+    return (batch.select(keep) if keep else None), len(batch.rows) - len(keep)
 
 
 @dataclass
@@ -127,6 +162,7 @@ class AsyncOrchestrator(Orchestrator):
         self._published: tuple[int, Mapping[str, torch.Tensor]] | None = None
         self._sampler_lock = threading.Lock()
         self._sampler_before: dict[int, dict[str, Any]] = {}  # step -> sampler state before its batch
+        self._pool_before: dict[int, list[PartialGroup]] = {}  # step -> partial groups in flight before it
         self._busy: deque[tuple[float, float]] = deque(maxlen=4 * (self.k + 2))
         self._gate: StalenessGate | None = None
         self._thread: threading.Thread | None = None
@@ -135,8 +171,10 @@ class AsyncOrchestrator(Orchestrator):
         # Where batches come from: whole rounds, rounds handed over in slices (periodic), or a pool
         # of partial rollouts carried across steps.
         self._produce: Callable[[int], ProducedBatch] = self.producer.produce
+        self._partial: PartialRolloutProducer | None = None
         if self.cfg.async_.partial_rollouts:
-            self._produce = PartialRolloutProducer(self.producer).produce
+            self._partial = PartialRolloutProducer(self.producer, version_bound=self._version_bound)
+            self._produce = self._partial.produce
         elif self.periodic:
             self._produce = functools.partial(
                 self.producer.produce,
@@ -157,6 +195,8 @@ class AsyncOrchestrator(Orchestrator):
                     sync_s = self._load_newest_weights()
                     with self._sampler_lock:
                         self._sampler_before[step] = self.producer.sampler.state_dict()
+                        if self._partial is not None:
+                            self._pool_before[step] = self._partial.snapshot()
                     t0 = time.perf_counter()
                     produced = self._produce(step)
                     t1 = time.perf_counter()
@@ -197,7 +237,8 @@ class AsyncOrchestrator(Orchestrator):
         if item.step != step:
             raise RuntimeError(f"the rollout producer handed over step {item.step} for step {step}")
         prefilled_frac = self._use_prefilled(item.produced, prefilled)
-        dropped = self._drop_stale(item.produced)
+        # Under "wait" nothing may be stale by construction: ``_checked`` raises if something is.
+        dropped = self._drop_stale(item.produced) if self.cfg.async_.stale_samples == "drop" else 0
         produced = self._checked(step, item.produced)
         produced.metrics["async/dropped_stale"] = float(dropped)
         produced.metrics.update(self._lag_metrics(produced))
@@ -211,12 +252,16 @@ class AsyncOrchestrator(Orchestrator):
         self._train_started = first_work or time.perf_counter()
         return produced
 
-    def _prefill(self, item: _Slice, prefilled: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]) -> None:
+    def _prefill(
+        self, item: _Slice, prefilled: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]]
+    ) -> None:
         """Periodic mode: the log-probs of a slice's rows, computed while the producer generates the next."""
         rows = [r for g in item.groups for r in g]
         if not rows:
             return
-        old, ref = self.learner.log_probs(collate(rows, self.producer.pad_id, rows[0].completion.policy_version))
+        old, ref = self.learner.log_probs(
+            collate(rows, self.producer.pad_id, rows[0].completion.policy_version)
+        )
         for i, row in enumerate(rows):
             n = len(row.completion.token_ids)
             prefilled[id(row)] = (None if old is None else old[i, :n], None if ref is None else ref[i, :n])
@@ -243,19 +288,12 @@ class AsyncOrchestrator(Orchestrator):
         return 1.0
 
     def _drop_stale(self, produced: ProducedBatch) -> int:
-        """Leave out every group with a sample more than k versions behind the trainer; returns the
-        samples dropped. Only partial rollouts carry such samples (a completion continued over several
-        steps keeps its oldest tokens); whole rounds are fresh enough by the gate's construction."""
-        batch = produced.batch
-        if batch is None:
-            return 0
-        oldest_allowed = self.trainer.policy_version - self.k
-        stale = {r.group for r in batch.rows if r.completion.policy_version < oldest_allowed}
-        if not stale:
-            return 0
-        keep = [i for i, r in enumerate(batch.rows) if r.group not in stale]
-        produced.batch = batch.select(keep) if keep else None
-        return len(batch.rows) - len(keep)
+        """``stale_samples: drop``: leave out every group with a sample more than k versions behind
+        the trainer; returns the samples dropped. Only partial rollouts carry such samples (a
+        completion continued over several steps keeps its oldest tokens); whole rounds are fresh
+        enough by the gate's construction."""
+        produced.batch, dropped = drop_stale(produced.batch, self.trainer.policy_version, self.k)
+        return dropped
 
     def _lag_metrics(self, produced: ProducedBatch) -> dict[str, float]:
         """Staleness of every sample of the batch: trainer version - the version that generated it."""
@@ -285,6 +323,37 @@ class AsyncOrchestrator(Orchestrator):
             before = self._sampler_before.get(step + 1)
             return before if before is not None else self.producer.sampler.state_dict()
 
+    def _in_flight_state(self, step: int) -> dict[str, Any]:
+        """The partial groups in flight before step ``step + 1``'s round, captured with the sampler's
+        position (``_sampler_state``): the pool and the data position a resume at ``step`` needs
+        to produce step ``step + 1`` as this run did. Under the sampler lock, as the capture is: a
+        producer that has not captured yet has not changed the pool either."""
+        if self._partial is None:
+            return {}
+        with self._sampler_lock:
+            before = self._pool_before.get(step + 1)
+            return pool_state(before if before is not None else self._partial.in_flight)
+
+    def restore_in_flight(self, state: dict[str, Any], prompts: Sequence[Prompt]) -> None:
+        if self._partial is None or not state:
+            super().restore_in_flight(state, prompts)
+            return
+        restored, restarted = self._partial.load_state_dict(
+            state, prompts, oldest_allowed=self.trainer.policy_version - self.k
+        )
+        self.sink.log("info", f"restored {restored} partial rollout groups in flight from the checkpoint")
+        if restarted:
+            self.sink.log(
+                "warning",
+                f"{restarted} of them were generated more than async.max_staleness = {self.k} versions ago "
+                "(it was higher when the checkpoint was saved): they start their generation over",
+            )
+
+    def _version_bound(self, step: int) -> int:
+        """The highest policy version the trainer can hold when it trains ``step`` (the gate's bound)."""
+        assert self._gate is not None, "the producer runs only inside run()"
+        return self._gate.version_bound(step)
+
     def _eval(self) -> dict[str, float]:
         with self._backend_lock:
             self._load_newest_weights()
@@ -295,10 +364,12 @@ class AsyncOrchestrator(Orchestrator):
         metrics = super().train_step(step)
         end = time.perf_counter()
         assert self._gate is not None
-        self._gate.trained(step)
+        self._gate.trained(step, self.trainer.policy_version)
         with self._sampler_lock:
             for old in [s for s in self._sampler_before if s <= step]:
                 del self._sampler_before[old]
+            for old in [s for s in self._pool_before if s <= step]:
+                del self._pool_before[old]
         # Overlap: the share of this step's training time during which the producer was generating.
         start = self._train_started
         overlap = sum(max(0.0, min(end, b) - max(start, a)) for a, b in list(self._busy))
@@ -314,7 +385,11 @@ class AsyncOrchestrator(Orchestrator):
         # Partial rollouts spend one version of the budget: a completion continued into the next step
         # (or a finished group kept for it) is trained one step later than its round, so the producer
         # runs at most k - 1 batches ahead (k = 1: none, APRIL's own synchronous setting).
-        self._gate = StalenessGate(self.k - 1 if self.cfg.async_.partial_rollouts else self.k, start_step)
+        self._gate = StalenessGate(
+            self.k - 1 if self.cfg.async_.partial_rollouts else self.k,
+            start_step,
+            self.trainer.policy_version,
+        )
         if not torch.cuda.is_available():
             # On CPU both threads run torch ops at once: each with the whole intra-op pool
             # oversubscribes the cores (bench/async.py, 2 cores: 5,829 generated tokens/s at k = 2

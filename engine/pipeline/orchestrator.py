@@ -5,16 +5,17 @@ versions the weights that generated a batch may lag the trainer's; 0 is strictly
 on-policy: the producer generates step ``s`` only after the weights of step ``s - 1`` were
 synced to the rollout backend, which is what this loop does. The asynchronous loop
 (``engine/pipeline/async_loop.py``) runs the producer ahead in a thread of its own and
-replaces three seams: ``_next_batch`` (a batch from the producer's queue), ``_sync_weights``
-(publish the new weights for the producer to take) and ``_sampler_state`` (the data position
-of the next batch still to generate).
+replaces four seams: ``_next_batch`` (a batch from the producer's queue), ``_sync_weights``
+(publish the new weights for the producer to take), ``_sampler_state`` (the data position
+of the next batch still to generate) and ``_in_flight_state`` with ``restore_in_flight`` (the
+partial rollouts in flight, saved with a checkpoint and taken back on resume).
 """
 
 from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,21 @@ class Orchestrator:
         """The prompt sampler's position after step ``step``'s batch (where a resume starts drawing)."""
         return self.producer.sampler.state_dict()
 
+    def _in_flight_state(self, step: int) -> dict[str, Any]:
+        """Rollouts in flight after step ``step`` (partial rollouts only): none here."""
+        return {}
+
+    def restore_in_flight(self, state: dict[str, Any], prompts: Sequence[Prompt]) -> None:
+        """Take back the rollouts in flight a checkpoint holds (``_in_flight_state``); ``prompts``
+        are the training prompts they were drawn from. This loop has none: a checkpoint of a run
+        with partial rollouts resumed without them loses those groups, and says so."""
+        if state.get("groups"):
+            self.sink.log(
+                "warning",
+                f"the checkpoint holds {len(state['groups'])} partial rollout groups in flight; this run does "
+                "not use partial rollouts, so they are not continued (their prompts are skipped)",
+            )
+
     def _eval(self) -> dict[str, float]:
         return evaluate(self.producer, self.eval_prompts, pass_k=self.cfg.trainer.eval_pass_k, seed=self.cfg.trainer.seed)
 
@@ -187,6 +203,7 @@ class Orchestrator:
                 step=step,
                 last_seq=self.sink.seq + 1,  # the checkpoint event written right after this
                 sampler=self._sampler_state(step),
+                in_flight=self._in_flight_state(step),
                 trainer=self.trainer.state(),
                 rng=capture_rng(),
                 extra=self.checkpoint_extra(),

@@ -258,3 +258,41 @@ def test_rollout_device_places_the_rollout_copy(tiny_model_dir: Path, tmp_path: 
         raw["rollout"]["device"] = "cuda:1"
         with pytest.raises(ValueError, match=r"rollout.device is 'cuda:1' but this machine shows 0 CUDA device"):
             execute(build_config(raw))
+
+
+# ----------------------------------------------------------------------------- stale samples
+
+
+def test_the_gate_bounds_the_version_the_trainer_will_train_with() -> None:
+    """``version_bound(s)``: the version after the last reported step plus one per step still to
+    train before s; a step that did not update (its batch all filtered out) tightens it."""
+    gate = StalenessGate(1, trained_step=4, trained_version=4)
+    assert [gate.version_bound(s) for s in (5, 6, 7)] == [4, 5, 6]
+    gate.trained(5, 4)  # step 5 trained nothing
+    assert [gate.version_bound(s) for s in (6, 7)] == [4, 5]
+    gate.trained(6, 5)
+    assert gate.version_bound(7) == 5 and gate.may_generate(8) and not gate.may_generate(9)
+    legacy = StalenessGate(2, trained_step=3)  # no versions reported: one update per step
+    legacy.trained(4)
+    assert legacy.version_bound(5) == 4 and legacy.version_bound(7) == 6
+
+
+def test_stale_samples_defaults_to_wait_and_names_its_choices() -> None:
+    assert load_config("grpo", []).async_.stale_samples == "wait"
+    assert load_config("grpo", ["async.stale_samples=drop"]).async_.stale_samples == "drop"
+    with pytest.raises(ConfigError, match=r"async.stale_samples"):
+        load_config("grpo", ["async.stale_samples=later"])
+
+
+@pytest.mark.parametrize("stale_samples", ["wait", "drop"])
+def test_whole_rounds_never_drop_under_either_setting(
+    stale_samples: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Without partial rollouts the gate alone keeps every batch within k: nothing to drop or force."""
+    raw = small_config(tiny_model_dir, tmp_path / "run", total_steps=4)
+    raw["async"] = {"max_staleness": 1, "stale_samples": stale_samples}
+    assert execute(build_config(raw)) == EXIT_SUCCEEDED
+    metrics = metrics_by_step(read_events(tmp_path / "run" / "events.jsonl"))
+    for step in range(1, 5):
+        assert metrics[step]["async/dropped_stale"] == 0 and metrics[step]["async/staleness_max"] <= 1
+        assert "partial/forced_groups" not in metrics[step]
