@@ -1,5 +1,7 @@
 """Asynchronous RL: the synchronous loop against async.max_staleness k = 1, 2, 4, k = 2 with partial
-rollouts (chunks of 2 tokens), and the periodic mode, same task and budget.
+rollouts (chunks of 2 tokens), k = 2 with the rollout backend in a process of its own, and the
+periodic mode, same task and budget; then the same with vLLM (synchronous, k = 2 in a producer thread,
+k = 2 in its own process) when vLLM is installed.
 
 The periodic mode overlaps the reference (and old) log-prob passes with generation; DAPO has
 neither, so that pair runs with the KL loss on (a reference pass per step), against the same
@@ -30,6 +32,7 @@ cores, so the measured ratio is far below it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -61,6 +64,10 @@ def run(out: Path, steps: int, staleness: int, seed: int, mode: str = "") -> lis
         cmd += ["--set", "algorithm.use_kl_loss=true"]
     if mode == "periodic":
         cmd += ["--set", "async.periodic=true"]
+    if mode.startswith("vllm"):
+        cmd += ["--set", "rollout.backend=vllm"]
+    if mode.endswith("process"):
+        cmd += ["--set", "rollout.own_process=true"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=dict(os.environ))
     if proc.returncode != 0:
         raise SystemExit(f"k={staleness} failed:\n{proc.stderr[-3000:]}")
@@ -101,6 +108,21 @@ def main() -> None:
         "--partial", type=int, nargs="*", default=[2], help="staleness bounds to run again with partial rollouts"
     )
     parser.add_argument(
+        "--own-process",
+        type=int,
+        nargs="*",
+        default=[2],
+        help="staleness bounds to run again with the rollout backend in a process of its own",
+    )
+    parser.add_argument(
+        "--vllm",
+        type=int,
+        nargs="*",
+        default=[2],
+        help="staleness bounds to run with vLLM (in the trainer's process, then in its own), against vLLM "
+        "synchronous; none when vLLM is not installed",
+    )
+    parser.add_argument(
         "--no-periodic", dest="periodic", action="store_false", help="skip the periodic pair (sync and periodic, KL loss)"
     )
     args = parser.parse_args()
@@ -110,19 +132,25 @@ def main() -> None:
     references: dict[str, float] = {}  # each row against its synchronous run (plain, or with the KL loss)
     with tempfile.TemporaryDirectory() as tmp:
         settings = [(k, "") for k in args.k] + [(k, "partial") for k in args.partial]
+        settings += [(k, "process") for k in args.own_process]
         if args.periodic:
             settings += [(0, "kl"), (0, "periodic")]
+        if args.vllm and importlib.util.find_spec("vllm") is not None:
+            settings += [(0, "vllm")] + [(k, m) for k in args.vllm for m in ("vllm", "vllm+process")]
         for k, mode in settings:
             s = summarise(run(Path(tmp) / f"k{k}{mode}", args.steps, k, args.seed, mode), k if mode != "periodic" else 1)
-            pair = "kl" if mode in ("kl", "periodic") else ""
+            pair = {"kl": "kl", "periodic": "kl", "vllm": "vllm", "vllm+process": "vllm"}.get(mode, "")
             reference = references.setdefault(pair, s["tokens_per_s"])
             name = {
                 "": "synchronous" if k == 0 else f"async k={k}",
                 "partial": f"async k={k} + partial rollouts",
+                "process": f"async k={k}, rollout in its own process",
                 "kl": "synchronous, with KL loss",
                 "periodic": "periodic, with KL loss",
+                "vllm": "vLLM, synchronous" if k == 0 else f"vLLM, async k={k} (producer thread)",
+                "vllm+process": f"vLLM, async k={k}, in its own process",
             }[mode]
-            model = f"{s['two_device_model']:.2f}x" if mode in ("", "kl") and k == 0 else ""
+            model = f"{s['two_device_model']:.2f}x" if mode in ("", "kl", "vllm") and k == 0 else ""
             print(
                 f"| {name} | {s['wall_s']:.1f} | {s['tokens_per_s']:,.0f} | {s['tokens_per_s'] / reference:.2f}x | "
                 f"{s['idle']:.2f} | {s['staleness']:.2f} | {s['eval_before']:.3f} -> {s['eval_after']:.3f} | {model} |",
