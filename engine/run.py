@@ -270,7 +270,7 @@ def build_rollout_backend(
         threads = torch.get_num_threads()
         if asynchronous and rollout_device.type == "cpu":
             threads = max(1, threads // 2)  # the trainer keeps the other half (AsyncOrchestrator.run)
-        env = visible_device_env("cpu" if rollout_device.type == "cpu" else _indexed(rollout_device))
+        env = visible_device_env(str(rollout_device))  # cuda:N: that GPU alone; cuda: this process's view
         spec = BackendSpec(
             name=cfg.rollout.backend,
             model_dir=str(path),
@@ -296,11 +296,6 @@ def build_rollout_backend(
         run_config=cfg,
         **placement,
     )
-
-
-def _indexed(device: torch.device) -> str:
-    """``cuda`` as ``cuda:N`` (the current GPU), so the child is given exactly one."""
-    return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
 
 
 def orchestrator_class(cfg: RunConfig) -> type[Orchestrator]:

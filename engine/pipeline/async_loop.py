@@ -74,12 +74,12 @@ class StalenessGate:
     be there.
     """
 
-    def __init__(self, max_staleness: int, trained_step: int, trained_version: int | None = None) -> None:
+    def __init__(self, max_staleness: int, trained_step: int, trained_version: int) -> None:
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         self.k = max_staleness
         self._trained = trained_step
-        self._version = trained_step if trained_version is None else trained_version
+        self._version = trained_version
         self._closed = False
         self._cond = threading.Condition()
 
@@ -95,11 +95,9 @@ class StalenessGate:
                 raise GateClosed
         return time.perf_counter() - t0
 
-    def trained(self, step: int, version: int | None = None) -> None:
-        """The trainer finished ``step`` holding policy ``version`` (None: one update per step)."""
+    def trained(self, step: int, version: int) -> None:
+        """The trainer finished ``step`` holding policy ``version``."""
         with self._cond:
-            if version is None:
-                version = self._version + max(0, step - self._trained)
             self._trained = max(self._trained, step)
             self._version = max(self._version, version)
             self._cond.notify_all()
@@ -132,6 +130,15 @@ def drop_stale(batch: RolloutBatch | None, trainer_version: int, k: int) -> tupl
 
 
 @dataclass
+class _Position:
+    """Where a checkpoint's resume starts producing: the sampler's state and, with partial
+    rollouts, the groups in flight."""
+
+    sampler: dict[str, Any]
+    pool: list[PartialGroup] | None
+
+
+@dataclass
 class _Slice:
     """Periodic mode: groups of the step's batch, handed over while the rest of it generates."""
 
@@ -161,8 +168,7 @@ class AsyncOrchestrator(Orchestrator):
         self._weights_lock = threading.Lock()
         self._published: tuple[int, Mapping[str, torch.Tensor]] | None = None
         self._sampler_lock = threading.Lock()
-        self._sampler_before: dict[int, dict[str, Any]] = {}  # step -> sampler state before its batch
-        self._pool_before: dict[int, list[PartialGroup]] = {}  # step -> partial groups in flight before it
+        self._before: dict[int, _Position] = {}  # step -> where data and pool stood before its batch
         self._busy: deque[tuple[float, float]] = deque(maxlen=4 * (self.k + 2))
         self._gate: StalenessGate | None = None
         self._thread: threading.Thread | None = None
@@ -194,9 +200,7 @@ class AsyncOrchestrator(Orchestrator):
                 with self._backend_lock:
                     sync_s = self._load_newest_weights()
                     with self._sampler_lock:
-                        self._sampler_before[step] = self.producer.sampler.state_dict()
-                        if self._partial is not None:
-                            self._pool_before[step] = self._partial.snapshot()
+                        self._before[step] = self._position()
                     t0 = time.perf_counter()
                     produced = self._produce(step)
                     t1 = time.perf_counter()
@@ -237,8 +241,11 @@ class AsyncOrchestrator(Orchestrator):
         if item.step != step:
             raise RuntimeError(f"the rollout producer handed over step {item.step} for step {step}")
         prefilled_frac = self._use_prefilled(item.produced, prefilled)
-        # Under "wait" nothing may be stale by construction: ``_checked`` raises if something is.
-        dropped = self._drop_stale(item.produced) if self.cfg.async_.stale_samples == "drop" else 0
+        # "drop": leave out (and count) what is too stale. Only partial rollouts carry such samples;
+        # under "wait" nothing is stale by construction, and ``_checked`` raises if something is.
+        dropped = 0
+        if self.cfg.async_.stale_samples == "drop":
+            item.produced.batch, dropped = drop_stale(item.produced.batch, self.trainer.policy_version, self.k)
         produced = self._checked(step, item.produced)
         produced.metrics["async/dropped_stale"] = float(dropped)
         produced.metrics.update(self._lag_metrics(produced))
@@ -287,14 +294,6 @@ class AsyncOrchestrator(Orchestrator):
                 setattr(batch, field_name, full)
         return 1.0
 
-    def _drop_stale(self, produced: ProducedBatch) -> int:
-        """``stale_samples: drop``: leave out every group with a sample more than k versions behind
-        the trainer; returns the samples dropped. Only partial rollouts carry such samples (a
-        completion continued over several steps keeps its oldest tokens); whole rounds are fresh
-        enough by the gate's construction."""
-        produced.batch, dropped = drop_stale(produced.batch, self.trainer.policy_version, self.k)
-        return dropped
-
     def _lag_metrics(self, produced: ProducedBatch) -> dict[str, float]:
         """Staleness of every sample of the batch: trainer version - the version that generated it."""
         if produced.batch is None:
@@ -316,23 +315,25 @@ class AsyncOrchestrator(Orchestrator):
             self._published = (self.trainer.policy_version, snapshot)
         return {"timing_s/weight_snapshot": time.perf_counter() - t0}
 
-    def _sampler_state(self, step: int) -> dict[str, Any]:
-        """Where the data stood before the producer drew step ``step + 1``'s prompts (it may already
-        have drawn them: a resume generates those batches again, with the newer weights)."""
+    def _position(self) -> _Position:
+        """Where the data and the pool of partial rollouts stand now (a copy later rounds leave alone)."""
+        return _Position(
+            self.producer.sampler.state_dict(), None if self._partial is None else self._partial.snapshot()
+        )
+
+    def _position_before(self, step: int) -> _Position:
+        """Where they stood before the producer's round for ``step`` (it may already have drawn and
+        generated it: a resume does that round again, with the newer weights). Under the lock the
+        capture takes: a producer that has not captured it yet has changed neither."""
         with self._sampler_lock:
-            before = self._sampler_before.get(step + 1)
-            return before if before is not None else self.producer.sampler.state_dict()
+            return self._before.get(step) or self._position()
+
+    def _sampler_state(self, step: int) -> dict[str, Any]:
+        return self._position_before(step + 1).sampler
 
     def _in_flight_state(self, step: int) -> dict[str, Any]:
-        """The partial groups in flight before step ``step + 1``'s round, captured with the sampler's
-        position (``_sampler_state``): the pool and the data position a resume at ``step`` needs
-        to produce step ``step + 1`` as this run did. Under the sampler lock, as the capture is: a
-        producer that has not captured yet has not changed the pool either."""
-        if self._partial is None:
-            return {}
-        with self._sampler_lock:
-            before = self._pool_before.get(step + 1)
-            return pool_state(before if before is not None else self._partial.in_flight)
+        pool = self._position_before(step + 1).pool
+        return {} if pool is None else pool_state(pool)
 
     def restore_in_flight(self, state: dict[str, Any], prompts: Sequence[Prompt]) -> None:
         if self._partial is None or not state:
@@ -366,10 +367,8 @@ class AsyncOrchestrator(Orchestrator):
         assert self._gate is not None
         self._gate.trained(step, self.trainer.policy_version)
         with self._sampler_lock:
-            for old in [s for s in self._sampler_before if s <= step]:
-                del self._sampler_before[old]
-            for old in [s for s in self._pool_before if s <= step]:
-                del self._pool_before[old]
+            for old in [s for s in self._before if s <= step]:
+                del self._before[old]
         # Overlap: the share of this step's training time during which the producer was generating.
         start = self._train_started
         overlap = sum(max(0.0, min(end, b) - max(start, a)) for a, b in list(self._busy))

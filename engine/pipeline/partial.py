@@ -128,10 +128,10 @@ class PartialGroup:
         return PartialGroup(self.prompt, [c.copy() for c in self.completions], self.started_step)
 
 
-def _age(group: PartialGroup) -> int:
+def _age(group: PartialGroup) -> float:
     """Sort key, stalest first (a group without tokens last: it has not started ageing)."""
     version = group.oldest_version
-    return version if version is not None else np.iinfo(np.int64).max
+    return version if version is not None else math.inf
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -206,18 +206,6 @@ def groups_from_state(state: dict[str, Any], prompts: Iterable[Prompt]) -> list[
             completions.append(PartialCompletion(token_ids, logprobs, segments, c["finish_reason"]))
         groups.append(PartialGroup(prompt, completions, int(saved["started_step"])))
     return groups
-
-
-class _PoolTally(StepTally):
-    """A step's tally whose batch is every kept group, not the first ``prompts_per_step``: the round
-    takes no more than that, except the due groups ``async.stale_samples: wait`` must train now."""
-
-    def produced(self, pad_id: int, extra_metrics: dict[str, float] | None = None) -> ProducedBatch:
-        want = self.cfg.trainer.prompts_per_step
-        if len(self.kept) > want:
-            trainer = self.cfg.trainer.model_copy(update={"prompts_per_step": len(self.kept)})
-            self.cfg = self.cfg.model_copy(update={"trainer": trainer})
-        return super().produced(pad_id, extra_metrics)
 
 
 class PartialRolloutProducer:
@@ -385,7 +373,7 @@ class PartialRolloutProducer:
         cfg = self.cfg
         want = cfg.trainer.prompts_per_step
         fg = cfg.algorithm.filter_groups
-        tally = _PoolTally(cfg, rounds=1)
+        tally = StepTally(cfg, rounds=1, take_all=True)
         carried = len(self.in_flight)
         new_groups = self._top_up(step)
         due = self._due(step)
@@ -417,7 +405,7 @@ class PartialRolloutProducer:
             calls += 1
             tally.gen_tokens += tokens
             tally.gen_s += seconds
-        trained = [r for g in tally.kept for r in g]
+        trained = [r for g in tally.batch_groups for r in g]
         return tally.produced(
             self.producer.pad_id,
             {

@@ -158,6 +158,13 @@ class StepTally:
     zero_std_groups: int = 0
     total_groups: int = 0
     rounds: int = 0
+    take_all: bool = False
+    """Every kept group goes into the batch, not the first ``prompts_per_step``: partial rollouts keep
+    no more than the step must train (more only for the groups ``async.stale_samples: wait`` forces)."""
+
+    @property
+    def batch_groups(self) -> list[list[Rollout]]:
+        return self.kept if self.take_all else self.kept[: self.cfg.trainer.prompts_per_step]
 
     def add_scored(self, rows: list[Rollout], result: RewardResult) -> None:
         """Scored rollouts, whole groups of ``rollout.n`` in order: keep the groups that pass the filter."""
@@ -188,17 +195,17 @@ class StepTally:
         }
         if self.cfg.algorithm.filter_groups.enable:
             out["filter/gen_rounds"] = float(self.rounds)
-            out["filter/kept_groups"] = float(min(len(self.kept), self.cfg.trainer.prompts_per_step))
+            out["filter/kept_groups"] = float(len(self.batch_groups))
         return out
 
     def produced(self, pad_id: int, extra_metrics: dict[str, float] | None = None) -> ProducedBatch:
-        """The step's batch: the first ``prompts_per_step`` kept groups (None when none was kept).
+        """The step's batch: the kept groups it takes (``batch_groups``; None when none was kept).
 
         Its ``policy_version`` is that of its oldest sample. With ``algorithm.overlong_filter``,
         truncated completions are masked out of the loss (DAPO, section 3.4).
         """
         metrics = self.metrics() | (extra_metrics or {})
-        rows = [r for g in self.kept[: self.cfg.trainer.prompts_per_step] for r in g]
+        rows = [r for g in self.batch_groups for r in g]
         if not rows:
             return ProducedBatch(None, metrics, self.generated, self.accuracy_component)
         batch = collate(rows, pad_id, min(r.completion.policy_version for r in rows))

@@ -74,7 +74,7 @@ class BackendSpec:
     name: str  # "torch" | "vllm"
     model_dir: str
     dtype: str = "float32"  # the torch backend's model dtype
-    device: str = "cpu"  # the child's own view: "cpu", or "cuda" (its one visible GPU)
+    device: str = "cpu"  # the child's own view: "cpu", or "cuda" (its cuda:0: the one GPU it was given)
     threads: int = 0  # torch intra-op threads in the child (0: torch's default)
     run_config: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)  # keyword arguments of make_rollout_backend

@@ -41,7 +41,7 @@ def test_staleness_never_exceeds_k_whatever_the_durations(k: int, steps: int, se
     rng = random.Random(seed)
     gen_s = [rng.random() * 0.003 for _ in range(steps + 1)]
     train_s = [rng.random() * 0.003 for _ in range(steps + 1)]
-    gate = StalenessGate(k, trained_step=0)
+    gate = StalenessGate(k, trained_step=0, trained_version=0)
     version = 0  # the trainer's policy version; one update per step
     handed: list[tuple[int, int]] = []
     cond = threading.Condition()
@@ -67,15 +67,15 @@ def test_staleness_never_exceeds_k_whatever_the_durations(k: int, steps: int, se
         lags.append(version - generated_with)
         time.sleep(train_s[step])
         version += 1
-        gate.trained(step)
+        gate.trained(step, version)
     thread.join()
     assert max(lags) <= k, lags
 
 
 def test_a_slow_trainer_lets_the_producer_run_exactly_k_ahead() -> None:
-    gate = StalenessGate(2, trained_step=0)
+    gate = StalenessGate(2, trained_step=0, trained_version=0)
     assert [gate.may_generate(s) for s in (1, 2, 3, 4)] == [True, True, True, False]
-    gate.trained(1)
+    gate.trained(1, 1)
     assert gate.may_generate(4) and not gate.may_generate(5)
     outcome: list[str] = []
 
@@ -272,9 +272,6 @@ def test_the_gate_bounds_the_version_the_trainer_will_train_with() -> None:
     assert [gate.version_bound(s) for s in (6, 7)] == [4, 5]
     gate.trained(6, 5)
     assert gate.version_bound(7) == 5 and gate.may_generate(8) and not gate.may_generate(9)
-    legacy = StalenessGate(2, trained_step=3)  # no versions reported: one update per step
-    legacy.trained(4)
-    assert legacy.version_bound(5) == 4 and legacy.version_bound(7) == 6
 
 
 def test_stale_samples_defaults_to_wait_and_names_its_choices() -> None:

@@ -349,30 +349,12 @@ def simulate(
     overprovision=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
     filter_groups=st.booleans(),
 )
-def test_no_trained_sample_is_more_than_k_versions_old_whatever_the_lengths_and_durations(
-    k: int,
-    stale_samples: str,
-    seed: int,
-    steps: int,
-    p_stop: float,
-    chunk: int,
-    overprovision: float,
-    filter_groups: bool,
-) -> None:
+def test_no_trained_sample_is_more_than_k_versions_old_whatever_the_lengths_and_durations(**params: Any) -> None:
     """Real threads, random completion lengths, chunk sizes, pool sizes, durations and skipped
     updates: under "wait" no batch holds a sample more than k versions old (nothing is dropped);
     under "drop" the trainer drops exactly those samples and counts them; no group is ever lost."""
-    out = simulate(
-        k=k,
-        stale_samples=stale_samples,
-        seed=seed,
-        steps=steps,
-        p_stop=p_stop,
-        chunk=chunk,
-        overprovision=overprovision,
-        filter_groups=filter_groups,
-    )
-    if stale_samples == "wait":
+    out = simulate(**params)
+    if params["stale_samples"] == "wait":
         assert out["dropped"] == 0
     else:
         assert out["forced"] == 0 and out["oversized"] == 0
