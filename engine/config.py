@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class Section(BaseModel):
@@ -228,14 +236,31 @@ class RewardConfig(Section):
         description="Per-call limit; a call over it scores 0 and is counted.",
     )
     workers: int = Field(1, ge=1, le=64, title="Reward workers", description="Processes scoring completions.")
+    worker_memory_mb: int = Field(
+        8192,
+        ge=512,
+        le=262144,
+        title="Reward worker memory (MB)",
+        description="Address space each scoring process may use; an allocation beyond it scores that call as an error.",
+    )
+    worker_cpu_s: int = Field(
+        3600,
+        ge=10,
+        le=7 * 24 * 3600,
+        title="Reward worker CPU time (s)",
+        description="CPU seconds a scoring process may use in its life; past it the process is replaced.",
+    )
 
     @field_validator("functions")
     @classmethod
-    def _known_functions(cls, v: list[RewardFunctionConfig]) -> list[RewardFunctionConfig]:
-        # User modules are not imported here: the web app validates configs it never runs.
+    def _known_functions(cls, v: list[RewardFunctionConfig], info: ValidationInfo) -> list[RewardFunctionConfig]:
+        # User modules are not imported here: the web app validates configs it never runs. Which
+        # ones may be named is the policy's call: the caller's (build_config(reward_policy=...)),
+        # else this process's environment (engine/rewards/policy.py).
         from engine.rewards import validate_reward_functions
 
-        validate_reward_functions(v, import_user=False)
+        policy = (info.context or {}).get("reward_policy")
+        validate_reward_functions(v, import_user=False, policy=policy)
         return v
 
 
@@ -840,11 +865,14 @@ def resolve_preset(data: dict[str, Any]) -> dict[str, Any]:
     return deep_merge(PRESETS[preset], data)
 
 
-def build_config(data: dict[str, Any], source: str = "config") -> RunConfig:
-    """Validate a raw mapping (after presets and overrides) into a RunConfig or raise ConfigError."""
+def build_config(data: dict[str, Any], source: str = "config", *, reward_policy: Any = None) -> RunConfig:
+    """Validate a raw mapping (after presets and overrides) into a RunConfig or raise ConfigError.
+
+    ``reward_policy`` (an ``engine.rewards.policy.RewardPolicy``) decides which ``module:function``
+    rewards may be named; None takes this process's (the environment's)."""
     data = resolve_preset(data)
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={"reward_policy": reward_policy})
     except ValidationError as exc:
         raise ConfigError(describe_errors(exc, data), source) from None
 

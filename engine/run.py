@@ -217,9 +217,7 @@ def _train(
         return extra
 
     progress = Progress(cfg.trainer.total_steps, start_step) if show_progress else None
-    with RewardManager(
-        cfg.reward.functions, timeout_s=cfg.reward.timeout_s, workers=cfg.reward.workers
-    ) as rewards:
+    with RewardManager.from_config(cfg.reward) as rewards:
         producer = RolloutProducer(
             cfg,
             sampler=sampler,

@@ -2,19 +2,23 @@
 
 ``RunSupervisor.run()``:
 
-1. Makes the run's working directory (``$TRIBUTARY_RUNS_DIR/<run>``, default
-   ``<data dir>/runs/<run>``) and writes ``config.json`` there with ``output_dir`` pointing at it.
+1. Once the run is its own (step 2), makes the run's working directory (``$TRIBUTARY_RUNS_DIR/<run>``,
+   default ``<data dir>/runs/<run>``) and writes ``config.json`` there with ``output_dir`` pointing at it.
 2. Connects to the web app's ingest socket (``EventShipper``) and reads ``hello`` before
    anything else: a run already final (cancelled while queued) is not started; a run with a
    cancel pending is not started either, but gets a ``cancelled`` status event so the web app
-   learns it through the usual path. Otherwise it sends ``attach`` and starts
+   learns it through the usual path. Otherwise it sends ``attach`` with its claim id and, once
+   the web app answers that the claim won (one supervisor per run wins; the holder of a
+   duplicate of the queue message ends there, writing nothing), starts
    ``python -m engine run config.json --events events.jsonl ...`` in its own process group,
-   stdout and stderr to ``engine.log``.
+   stdout and stderr to ``engine.log``, under ``jobs/launcher.py`` and confined
+   (``jobs/confine.py``: a scrubbed environment, Landlock, no capabilities); a log event says
+   how it is confined, or why it is not.
 3. Ships events while the engine runs. A ``cancel`` (or a later ``hello`` saying the run is
    final or a cancel is pending, a fatal refusal of the socket, or the worker shutting down:
    ``cancel_all``) sends SIGTERM to the engine's process group (the engine checkpoints and
    exits 3), then SIGKILL after ``CANCEL_GRACE`` seconds. Should the supervisor's process die,
-   the engine gets one SIGTERM through its launcher (``ENGINE_LAUNCHER``) and checkpoints.
+   the engine gets one SIGTERM through its launcher (``jobs/launcher.py``) and checkpoints.
 4. After the engine exits, if its log has no final status event (a crash, SIGKILL, exit 2 for a
    bad config), appends with ``EventSink`` a ``log`` event with the tail of ``engine.log`` and a
    ``status`` event: ``cancelled`` if it was killed after a cancel request, else ``failed``.
@@ -37,12 +41,16 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.events import EventSink
 from engine.paths import DATA_DIR_ENV, data_dir
+from engine.rewards.policy import RewardPolicy
+from jobs.confine import ConfinementPlan, confine_mode, engine_environment, landlock_abi
+from jobs.protocol import HELLO_CLAIMS
 from jobs.shipper import EventShipper, Hello
 
 log = logging.getLogger(__name__)
@@ -58,47 +66,6 @@ FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
 ENGINE_FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 EXIT_STATES = {0: "succeeded", 1: "failed", 2: "failed", 3: "cancelled"}
 STDERR_TAIL_LINES = 40
-
-# The engine runs under a small single-threaded launcher (``python -c ENGINE_LAUNCHER``):
-# should the supervisor's process die (even by SIGKILL), the kernel tells the launcher
-# (PR_SET_PDEATHSIG, SIGUSR1), which sends the engine one SIGTERM (it checkpoints and stops
-# instead of training on unsupervised), then SIGKILL after the grace period. Not PDEATHSIG
-# on the engine itself: the worker is multi-threaded, and the kernel sends the signal again
-# each time the child passes to another dying thread; a second SIGTERM makes the engine stop
-# without its checkpoint. The launcher ignores the process group's SIGTERM/SIGINT (a Python
-# handler, reset to the default in the engine by exec) and exits as the engine did.
-ENGINE_LAUNCHER = r"""
-import ctypes, os, signal, subprocess, sys
-parent, grace, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
-child, orphaned = None, []
-def parent_gone(signum, frame):
-    if not orphaned:
-        orphaned.append(True)
-        if child is not None:
-            stop()
-def stop():
-    os.kill(child.pid, signal.SIGTERM)
-    signal.setitimer(signal.ITIMER_REAL, max(grace, 0.01))
-signal.signal(signal.SIGTERM, lambda *_: None)
-signal.signal(signal.SIGINT, lambda *_: None)
-signal.signal(signal.SIGUSR1, parent_gone)
-signal.signal(signal.SIGALRM, lambda *_: os.kill(child.pid, signal.SIGKILL))
-if sys.platform.startswith("linux"):
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR1))  # PR_SET_PDEATHSIG
-if os.getppid() != parent:
-    sys.exit("the run supervisor exited before the engine started")
-child = subprocess.Popen(argv)
-if orphaned:
-    stop()
-code = child.wait()
-if code < 0:
-    try:
-        signal.signal(-code, signal.SIG_DFL)
-    except (OSError, ValueError):
-        pass
-    os.kill(os.getpid(), -code)
-sys.exit(code)
-"""
 
 CONFIG_FILE = "config.json"
 EVENTS_FILE = "events.jsonl"
@@ -220,6 +187,7 @@ class RunSupervisor:
         python: str = sys.executable,
         shipper_options: dict[str, Any] | None = None,
         gpus: list[int] | None = None,
+        user_code: bool = False,
     ) -> None:
         self.run_id = run_id
         self.config = dict(config)
@@ -236,6 +204,8 @@ class RunSupervisor:
         self.python = python
         self.shipper_options = shipper_options or {}
         self.gpus = gpus  # the CUDA devices lent to this run (None: the worker has none to lend)
+        # The web app let this run name its own reward code (a trusted team's admin launched it).
+        self.user_code = bool(user_code)
 
         self.events_path = self.workdir / EVENTS_FILE
         self.engine_log_path = self.workdir / ENGINE_LOG_FILE
@@ -244,8 +214,13 @@ class RunSupervisor:
 
         self._wake = threading.Event()
         self._decided = threading.Event()
-        self._decision = ""  # "start", "skip" (final) or "cancelled" (cancel pending before start)
+        # "start", "skip" (final), "cancelled" (cancel pending before start) or "not claimed"
+        self._decision = ""
         self._first_hello: Hello | None = None
+        # Unique to this supervisor: of several holding copies of the run's queue message, the
+        # web app lets one claim win (jobs/protocol.py), and only the winner starts the engine.
+        self.claim_id = uuid.uuid4().hex
+        self._claim_message = ""
         self._cancel = threading.Event()
         self._cancel_message = ""
         self._term_at: float | None = None
@@ -254,21 +229,35 @@ class RunSupervisor:
 
     # -- called from the shipper thread -------------------------------------------------------
 
+    def _decide(self, decision: str) -> None:
+        self._decision = decision
+        self._decided.set()
+        self._wake.set()
+
     def _on_hello(self, hello: Hello, first: bool) -> bool:
         if first:
             self._first_hello = hello
             if hello.status in FINAL_STATES:
-                self._decision = "skip"
-            elif hello.cancel:
-                self._decision = "cancelled"
-            else:
-                self._decision = "start"
-            self._decided.set()
-            self._wake.set()
-            return self._decision != "skip"
+                self._decide("skip")
+                return False
+            if not hello.raw.get(HELLO_CLAIMS):  # a web app that grants no claims: decide now
+                self._decide("cancelled" if hello.cancel else "start")
+            return True  # else the answer to the claim decides (_on_claim)
         if hello.cancel or hello.status in FINAL_STATES:
             self.cancel(f"the web app says the run is {hello.status or 'to be cancelled'}")
         return True
+
+    def _on_claim(self, won: bool, message: str, first: bool) -> None:
+        """The web app's answer to this supervisor's claim (on every connection)."""
+        if not self._decided.is_set():
+            hello = self._first_hello
+            if won:
+                self._decide("cancelled" if hello is not None and hello.cancel else "start")
+            else:
+                self._claim_message = message
+                self._decide("not claimed")
+        elif not won:  # a reconnect found the run held by another claim: this engine must stop
+            self.cancel(f"the web app gave the run to another supervisor ({message})")
 
     def cancel(self, message: str = "cancelled") -> None:
         """Ask the engine to stop (thread-safe): SIGTERM now, SIGKILL after the grace period."""
@@ -298,6 +287,8 @@ class RunSupervisor:
             self.events_path,
             on_hello=self._on_hello,
             on_cancel=self.cancel,
+            on_claim=self._on_claim,
+            claim=self.claim_id,
             **self.shipper_options,
         )
 
@@ -311,7 +302,6 @@ class RunSupervisor:
 
     def run(self) -> RunResult:
         """Supervise the run to its end (see the module docstring)."""
-        config_path = self._prepare()
         shipper = self.shipper = self._make_shipper().start()
         log.info("run %s: connecting to %s", self.run_id, self.web_url)
         deadline = time.monotonic() + self.connect_timeout
@@ -338,6 +328,14 @@ class RunSupervisor:
             shipper.join(30)
             log.info("run %s: not started: the run is already %s", self.run_id, hello.status)
             return RunResult(self.run_id, started=False, state=hello.status, acked_seq=shipper.acked_seq)
+        if self._decision == "not claimed":
+            # Another supervisor holds the run, or it went back to its queue behind older runs:
+            # leave everything (its directory included) to whoever starts it.
+            shipper.join(30)
+            log.info("run %s: not started here: %s", self.run_id, self._claim_message)
+            return RunResult(self.run_id, started=False, state="not claimed", error=self._claim_message)
+        # Only now, with the run ours: its directory is written by the supervisor that starts it.
+        config_path = self._prepare()
         if self._decision == "cancelled" or self._cancel.is_set():
             reason = "a cancel was pending" if self._decision == "cancelled" else self._cancel_message
             sink = EventSink(str(self.run_id), self.events_path, start_seq=self._seq_floor())
@@ -370,9 +368,9 @@ class RunSupervisor:
         )
         return result
 
-    def engine_command(self, config_path: Path) -> list[str]:
+    def engine_command(self, config_path: Path, plan: ConfinementPlan) -> list[str]:
         cmd = [
-            self.python, "-c", ENGINE_LAUNCHER, str(os.getpid()), str(self.cancel_grace),
+            self.python, "-m", "jobs.launcher", str(os.getpid()), str(self.cancel_grace), plan.to_json(), "--",
             self.python, "-m", "engine", "run", str(config_path),
             "--events", str(self.events_path),
             "--run-id", str(self.run_id),
@@ -383,18 +381,68 @@ class RunSupervisor:
             cmd += ["--resume", str(self.resume_path)]
         return cmd
 
-    def _run_engine(self, config_path: Path, shipper: EventShipper) -> int:
-        env = dict(os.environ)
-        env[DATA_DIR_ENV] = str(data_dir())
-        env["PYTHONUNBUFFERED"] = "1"
+    def engine_env(self) -> dict[str, str]:
+        """The engine's environment (``jobs/confine.py``): no credentials, its own reward policy.
+
+        The worker's ``TRIBUTARY_REWARD_MODULES`` passes on; any other ``module:function`` is
+        allowed only when the web app said so for this run."""
+        policy = RewardPolicy.from_env()
+        policy = RewardPolicy(modules=policy.modules, allow_any=self.user_code)
+        fixed = {DATA_DIR_ENV: str(data_dir()), "PYTHONUNBUFFERED": "1", **policy.as_env()}
         if self.gpus is not None:  # only its own GPUs ("" keeps a CPU run off them)
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+            fixed["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        return engine_environment(os.environ, self.workdir, **fixed)
+
+    def confinement(self) -> ConfinementPlan:
+        """What the run may touch; required when it may run its own code or the deployment says so.
+
+        A resume reads the checkpoint it starts from, which lies in another run's directory."""
+        mode = confine_mode()
+        grant = resume_grant(Path(self.resume_path), runs_dir()) if self.resume_path else None
+        readable = [grant] if grant is not None else []
+        plan = ConfinementPlan.for_run(
+            self.workdir,
+            data_dir=data_dir(),
+            runs_dir=runs_dir(),
+            readable=readable,
+            required=mode == "require" or self.user_code,
+        )
+        if mode == "off":
+            plan.hidden, plan.writable, plan.readable = [], [], []
+            plan.required = False
+        return plan
+
+    def _say_how_confined(self, plan: ConfinementPlan) -> None:
+        """One log event before the engine's own, so the run's page says how it is confined."""
+        if not plan.hidden:
+            level, message = "warning", "this run is not confined (TRIBUTARY_CONFINE=off): it can read the worker's files"
+        elif landlock_abi() == 0:
+            level, message = (
+                ("error", "this run must be confined but the kernel has no Landlock: it will not start")
+                if plan.required
+                else ("warning", "this run is not confined: the kernel has no Landlock (environment scrubbed only)")
+            )
+        else:
+            level, message = "info", (
+                f"confined: {len(plan.hidden)} paths hidden (the web app's data, other runs), writes only "
+                "its own directory and the caches; no capabilities; a scrubbed environment"
+            )
+        sink = EventSink(str(self.run_id), self.events_path, start_seq=self._seq_floor())
+        try:
+            sink.log(level, message)
+        finally:
+            sink.close()
+
+    def _run_engine(self, config_path: Path, shipper: EventShipper) -> int:
+        env = self.engine_env()
+        plan = self.confinement()
         # Only what this engine writes counts when looking for its final status (a task
         # delivered again to this machine appends to the same log).
         self._log_start = self.events_path.stat().st_size if self.events_path.exists() else 0
+        self._say_how_confined(plan)
         with self.engine_log_path.open("ab") as out:
             self.proc = proc = subprocess.Popen(
-                self.engine_command(config_path),
+                self.engine_command(config_path, plan),
                 cwd=self.workdir,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -458,6 +506,20 @@ class RunSupervisor:
             sink.close()
         log.warning("run %s: %s", self.run_id, message)
         return state
+
+
+def resume_grant(resume_path: Path, runs: Path) -> Path | None:
+    """What a resuming run may read of another run's directory: that run's ``checkpoints``, and
+    only when the path lies there. A checkpoint path travels through the run's own events (which
+    its code could forge), so a path elsewhere in the runs directory grants nothing (None: the
+    engine then fails to read it, with the path in its error)."""
+    try:
+        relative = Path(os.path.realpath(resume_path)).relative_to(os.path.realpath(runs))
+    except ValueError:
+        return resume_path  # outside the runs directory: not hidden, nothing to grant
+    if len(relative.parts) >= 2 and relative.parts[1] == "checkpoints":
+        return runs / relative.parts[0] / "checkpoints"
+    return None
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

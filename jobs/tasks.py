@@ -50,8 +50,12 @@ def supervise_run(
     token: str,
     start_seq: int = 0,
     resume_path: str | None = None,
+    user_code: bool = False,
 ) -> dict[str, Any]:
-    """Run one engine run to its end; returns ``RunResult.as_dict()`` (exit code, final state...)."""
+    """Run one engine run to its end; returns ``RunResult.as_dict()`` (exit code, final state...).
+
+    ``user_code``: the web app allows this run to name its own reward code (``module:function``
+    outside the deployment's reward modules); the run is then never started unconfined."""
     log.info("run %s: task %s received", run_id, getattr(self.request, "id", "?"))
     caps = this_worker(getattr(self.request, "hostname", "") or "")
     need = requirements(config)
@@ -75,6 +79,7 @@ def supervise_run(
             start_seq=start_seq,
             resume_path=resume_path,
             gpus=gpus if caps.gpus else None,
+            user_code=user_code,
         )
         return supervisor.run().as_dict()
     finally:

@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     import logging
 
     from jobs.app import app
+    from jobs.confine import make_undumpable
+
+    # The worker holds the broker's credentials: keep its environment and memory out of the
+    # runs' reach (jobs/confine.py).
+    make_undumpable()
 
     # jobs.app leaves the root logger alone (worker_hijack_root_logger=False): show the
     # supervisors' and shippers' own lines next to Celery's.

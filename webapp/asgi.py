@@ -5,7 +5,9 @@ uvicorn), so no extra process is needed in embedded mode and workers never need 
 database. It waits ``LOST_AFTER`` seconds after start-up before its first sweep, so workers
 that lost their socket while the web app was down get time to reconnect first. Beside it,
 every ``ROUTE_EVERY`` seconds, queued runs' "waiting for a worker" messages are refreshed from
-the worker registry (``webapp.runs.routing``).
+the worker registry (``webapp.runs.routing``), and every ``RECONCILE_EVERY`` seconds queued runs
+whose broker message is gone (a Redis restarted without persistence) are sent again
+(``webapp.runs.reconcile``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from channels.db import database_sync_to_async  # noqa: E402 - needs the app reg
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from jobs.confine import make_undumpable  # noqa: E402
 from webapp.live.routing import websocket_application  # noqa: E402
+from webapp.runs.reconcile import reconcile_every, reconcile_queued_runs  # noqa: E402
 from webapp.runs.routing import ROUTE_EVERY, refresh_all_waiting  # noqa: E402
 from webapp.runs.sweeper import sweep_lost_runs  # noqa: E402
 
@@ -53,12 +57,29 @@ async def _route_forever() -> None:
             log.exception("refreshing queued runs' messages failed")
 
 
+async def _reconcile_forever(every: float) -> None:
+    """The database is the truth of what is queued: re-send runs the broker lost."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await database_sync_to_async(reconcile_queued_runs)()
+        except Exception:  # the broker or the database is down: try again next time
+            log.exception("reconciling queued runs with the broker failed")
+
+
 async def lifespan(scope: dict[str, Any], receive: Any, send: Any) -> None:
     tasks: list[asyncio.Task[None]] = []
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
-            tasks = [asyncio.create_task(_sweep_forever()), asyncio.create_task(_route_forever())]
+            # This process holds the secret key and database credentials: keep its memory and
+            # environment out of the runs' reach (jobs/confine.py).
+            make_undumpable()
+            tasks = [
+                asyncio.create_task(_sweep_forever()),
+                asyncio.create_task(_route_forever()),
+                asyncio.create_task(_reconcile_forever(reconcile_every())),  # a bad value fails start-up
+            ]
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             for task in tasks:

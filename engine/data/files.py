@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,15 @@ def _check_columns(path: Path, columns: list[str], cfg: DataConfig) -> None:
             )
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_lone_surrogates(text: str | None) -> str | None:
+    """A JSONL row may hold a lone surrogate (``"\\ud800"`` is valid JSON) that no tokenizer
+    can encode (nor UTF-8): it becomes U+FFFD, as it would in any UTF-8 text."""
+    return _LONE_SURROGATE.sub("\ufffd", text) if text else text
+
+
 def _row_uid(raw: str, answer: str | None, meta: dict[str, Any]) -> str:
     blob = json.dumps([raw, answer, meta], sort_keys=True, ensure_ascii=False, default=str)
     return "row-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -172,6 +182,7 @@ def read_rows(path: str | Path, cfg: DataConfig) -> list[Row]:
             raise DataError(
                 f"{p}, {where}: field '{cfg.fields.prompt}' must be a non-empty string, got {raw!r}"
             )
+        raw = _no_lone_surrogates(raw)
         answer: str | None = None
         if cfg.fields.answer is not None:
             value = rec.get(cfg.fields.answer, _MISSING)
@@ -180,7 +191,7 @@ def read_rows(path: str | Path, cfg: DataConfig) -> list[Row]:
                     f"{p}, {where}: no field '{cfg.fields.answer}' (data.fields.answer); fix the row or set "
                     "data.fields.answer to the answer column (null if there is none)"
                 )
-            answer = _answer_text(value)
+            answer = _no_lone_surrogates(_answer_text(value))
         meta: dict[str, Any] = {}
         for col in cfg.fields.metadata:
             value = rec.get(col, _MISSING)

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engine.rewards.policy import RewardPolicy
 from engine.rewards.pool import ERROR, OK, TIMEOUT, RewardPool, describe_error, to_score
 from engine.rewards.registry import (
     ItemTuple,
@@ -35,6 +36,7 @@ from engine.rewards.registry import (
     make_caller,
     resolve_reward,
 )
+from engine.rewards.sandbox import WorkerLimits
 
 MAX_ERROR_MESSAGES = 5
 """Distinct failure messages kept per ``score`` call: enough to diagnose, bounded for the log."""
@@ -110,17 +112,22 @@ class _Component:
     params: dict[str, Any]
 
 
-def validate_reward_functions(functions: Sequence[RewardFunctionLike], *, import_user: bool = True) -> None:
+def validate_reward_functions(
+    functions: Sequence[RewardFunctionLike], *, import_user: bool = True, policy: RewardPolicy | None = None
+) -> None:
     """Check names, weights and params as the manager will; errors name the config field.
 
     With ``import_user=False`` user functions (``module:function``) are only checked for their
-    form, not imported: for places that validate configs but must not run user code (the web
-    app). Built-ins are always checked fully.
+    form and against ``policy`` (default: this process's), not imported: for places that
+    validate configs but must not run user code (the web app). Built-ins are always checked fully.
     """
-    _components(functions, import_user=import_user)
+    _components(functions, import_user=import_user, policy=policy)
 
 
-def _components(functions: Sequence[RewardFunctionLike], *, import_user: bool = True) -> list[_Component]:
+def _components(
+    functions: Sequence[RewardFunctionLike], *, import_user: bool = True, policy: RewardPolicy | None = None
+) -> list[_Component]:
+    policy = policy or RewardPolicy.from_env()
     components: list[_Component] = []
     taken: set[str] = set()
     for i, fc in enumerate(functions):
@@ -131,11 +138,12 @@ def _components(functions: Sequence[RewardFunctionLike], *, import_user: bool = 
         if not import_user and ":" in fc.name:
             try:
                 check_user_ref(fc.name)
+                policy.check_name(fc.name)
             except ValueError as exc:
                 raise ValueError(f"{where}.name: {exc}") from None
             continue
         try:
-            spec = resolve_reward(fc.name)
+            spec = resolve_reward(fc.name, policy)
         except ValueError as exc:
             raise ValueError(f"{where}.name: {exc}") from None
         params = dict(fc.params or {})
@@ -164,7 +172,12 @@ class RewardManager:
     """
 
     def __init__(
-        self, functions: Sequence[RewardFunctionLike], *, timeout_s: float = 5.0, workers: int = 1
+        self,
+        functions: Sequence[RewardFunctionLike],
+        *,
+        timeout_s: float = 5.0,
+        workers: int = 1,
+        limits: WorkerLimits | None = None,
     ) -> None:
         if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s < math.inf):
             raise ValueError(f"reward.timeout_s: must be a positive number of seconds, got {timeout_s!r}")
@@ -180,13 +193,15 @@ class RewardManager:
                 [(c.name, c.spec.ref, c.params) for c in self._pooled],
                 timeout_s=self.timeout_s,
                 workers=workers,
+                limits=limits,
             )
             self._finalizer = weakref.finalize(self, self._pool.close)
 
     @classmethod
     def from_config(cls, config: Any) -> RewardManager:
-        """From an ``engine.config.RewardConfig`` (``functions``, ``timeout_s``, ``workers``)."""
-        return cls(config.functions, timeout_s=config.timeout_s, workers=config.workers)
+        """From an ``engine.config.RewardConfig`` (``functions``, ``timeout_s``, ``workers``, limits)."""
+        limits = WorkerLimits(memory_mb=config.worker_memory_mb, cpu_s=config.worker_cpu_s)
+        return cls(config.functions, timeout_s=config.timeout_s, workers=config.workers, limits=limits)
 
     @property
     def component_names(self) -> list[str]:

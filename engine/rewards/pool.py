@@ -25,6 +25,7 @@ process can deadlock.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -38,6 +39,9 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from engine.rewards.registry import ItemTuple, import_object, make_caller
+from engine.rewards.sandbox import WorkerLimits, apply_limits
+
+log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 120.0
 """A worker that has not imported its reward functions by then is killed and replaced."""
@@ -80,10 +84,13 @@ def describe_error(name: str, exc: BaseException) -> str:
     return _short(f"{name}: {type(exc).__name__}" + (f": {detail}" if detail else ""))
 
 
-def _worker_main(conn: Connection, functions: list[tuple[str, str, dict[str, Any]]]) -> None:
-    """Entry point of a worker: load the functions, then score chunks until told to stop."""
+def _worker_main(
+    conn: Connection, functions: list[tuple[str, str, dict[str, Any]]], limits: WorkerLimits
+) -> None:
+    """Entry point of a worker: limit itself, load the functions, then score chunks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGALRM, _on_alarm)
+    skipped = apply_limits(limits)  # before any reward module is imported (engine/rewards/sandbox.py)
     callers: list[Any] = []
     for name, ref, params in functions:
         try:
@@ -94,7 +101,7 @@ def _worker_main(conn: Connection, functions: list[tuple[str, str, dict[str, Any
                 warmup()
         except Exception as exc:
             callers.append(f"{name}: cannot load {ref} in the reward worker: {describe_error(name, exc)}")
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", os.getpid(), skipped))
     while True:
         try:
             message = conn.recv()
@@ -161,9 +168,16 @@ class RewardPool:
     """
 
     def __init__(
-        self, functions: list[tuple[str, str, dict[str, Any]]], *, timeout_s: float, workers: int
+        self,
+        functions: list[tuple[str, str, dict[str, Any]]],
+        *,
+        timeout_s: float,
+        workers: int,
+        limits: WorkerLimits | None = None,
     ) -> None:
         self._functions = functions
+        self._limits = limits or WorkerLimits()
+        self.skipped_limits: list[str] = []  # sandbox layers the kernel could not apply
         self._timeout_s = timeout_s
         self._grace_s = 1.0 + 0.25 * timeout_s  # the worker's own alarm should win the race
         self._ctx = mp.get_context("spawn")
@@ -178,7 +192,7 @@ class RewardPool:
     def _spawn(self) -> _Worker:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=_worker_main, args=(child_conn, self._functions), name="reward-worker", daemon=True
+            target=_worker_main, args=(child_conn, self._functions, self._limits), name="reward-worker", daemon=True
         )
         proc.start()
         child_conn.close()
@@ -299,6 +313,9 @@ class RewardPool:
                 if message[0] == "ready":
                     w.ready = True
                     self._start_failures = 0
+                    if message[2] and not self.skipped_limits:
+                        self.skipped_limits = list(message[2])
+                        log.warning("reward workers run without: %s", "; ".join(message[2]))
                     continue
                 k, status, value = message
                 assert w.chunk is not None

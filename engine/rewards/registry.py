@@ -16,7 +16,8 @@ whatever its name. ``params`` are the
 
 User functions are named ``package.module:function`` rather than registered with a decorator:
 the scoring workers are separate processes, and an import path is the one thing they can
-resolve on their own.
+resolve on their own. Which of them a run may name is a deployment's decision
+(``engine/rewards/policy.py``): ``resolve_reward`` checks the policy before it imports anything.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from engine.rewards.policy import RewardPolicy
 
 INPUT_FIELDS: tuple[str, ...] = (
     "answer",
@@ -112,13 +115,17 @@ def registered_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_reward_fn(name: str) -> Callable[..., Any]:
+def get_reward_fn(name: str, policy: RewardPolicy | None = None) -> Callable[..., Any]:
     """The reward function called ``name``: a registered name or ``package.module:function``."""
-    return resolve_reward(name).fn
+    return resolve_reward(name, policy).fn
 
 
-def resolve_reward(name: str) -> RewardSpec:
-    """Look ``name`` up in the registry or import it; errors say what to write instead."""
+def resolve_reward(name: str, policy: RewardPolicy | None = None) -> RewardSpec:
+    """Look ``name`` up in the registry or import it; errors say what to write instead.
+
+    ``policy`` (default: this process's, ``RewardPolicy.from_env()``) decides whether a
+    ``module:function`` may be imported at all; it is checked before the import, so a refused
+    module's top-level code never runs."""
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" not in name:
@@ -128,7 +135,11 @@ def resolve_reward(name: str) -> RewardSpec:
             f"unknown reward function '{name}'; {hint}registered: {', '.join(registered_rewards())}; "
             "or give your own as 'package.module:function'"
         )
+    policy = policy or RewardPolicy.from_env()
+    check_user_ref(name)
+    policy.check_name(name)
     fn = import_object(name)
+    policy.check_loaded(name, fn)
     if not callable(fn):
         raise ValueError(
             f"reward function '{name}' is a {type(fn).__name__}, not a function; point it at a "

@@ -106,3 +106,56 @@ def __getattr__(name: str) -> Any:
             os._exit(7)
         return contains_answer
     raise AttributeError(name)
+
+
+def sandbox_probe(completion: str) -> float:
+    """What a reward function may do in a scoring process, as bits of its score (1: fork,
+    2: run a program, 4: write outside $TMPDIR, 8: start a thread, 16: allocate 1 GiB past the
+    memory limit the test sets, 32: write in $TMPDIR)."""
+    import subprocess
+    import tempfile
+    import threading
+
+    bits = 0
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        bits |= 1
+    except OSError:
+        pass
+    try:
+        subprocess.run(["true"], check=False)
+        bits |= 2
+    except OSError:
+        pass
+    try:
+        with open(completion, "w") as fh:  # the test passes a path outside $TMPDIR
+            fh.write("x")
+        bits |= 4
+    except OSError:
+        pass
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    bits |= 8
+    try:
+        block = bytearray(1536 * 1024 * 1024)
+        del block
+        bits |= 16
+    except MemoryError:
+        pass
+    try:
+        with tempfile.NamedTemporaryFile() as fh:
+            fh.write(b"x")
+        bits |= 32
+    except OSError:
+        pass
+    return float(bits)
+
+
+def burns_cpu(completion: str) -> float:
+    """Spins until the kernel's CPU-time limit ends the process."""
+    while True:
+        pass

@@ -495,3 +495,14 @@ def test_sampler_errors() -> None:
     state = PromptSampler(_prompts(4), shuffle=True, seed=0).state_dict()
     with pytest.raises(ValueError, match="saved over 4 prompts but this sampler has 3"):
         s.load_state_dict(state)
+
+
+def test_lone_surrogates_and_nul_in_a_row_are_read_not_fatal(tmp_path: Path) -> None:
+    """Valid JSON may carry a lone surrogate (untokenizable: it becomes U+FFFD) or a NUL (kept:
+    the model may see it; the event log makes it storable)."""
+    from engine.data.files import read_rows
+
+    path = tmp_path / "odd.jsonl"
+    path.write_text('{"prompt": "2+2\\ud800", "answer": "4\\u0000"}\n{"prompt": "x", "answer": "\\udc00"}\n')
+    rows = read_rows(path, DataConfig(source="jsonl", path=str(path)))
+    assert [(r[1], r[2]) for r in rows] == [("2+2\ufffd", "4\x00"), ("x", "\ufffd")]

@@ -147,8 +147,9 @@ def test_a_bad_config_fails_with_the_engines_message_after_the_stored_cursor(
     config["rollout"]["n"] = 0
     result = supervise(fake, 14, config, start_seq=7).run()
     assert (result.started, result.state, result.exit_code) == (True, "failed", 2)
-    log, status = fake.events()
-    assert (log["seq"], status["seq"]) == (8, 9)
+    confined, log, status = fake.events()
+    assert (confined["seq"], log["seq"], status["seq"]) == (8, 9, 10)
+    assert confined["type"] == "log" and confined["message"].startswith("confined:")
     assert log["level"] == "error" and "rollout.n" in log["message"] and "bad config" in log["message"]
     assert status["state"] == "failed"
 

@@ -9,6 +9,8 @@ over the ingest socket, never through the database.
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -16,14 +18,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine.config import ConfigError, build_config, deep_merge
+from engine.rewards.policy import RewardPolicy
 from jobs.app import SUPERVISE_TASK
 from jobs.registry import WorkerEntry
 from webapp.live.groups import tell_worker_to_cancel
 from webapp.runs import routing
 from webapp.runs.choices import FINAL_STATUSES, ParentKind, RunStatus
 from webapp.runs.models import Checkpoint, InvalidTransition, Run
-from webapp.runs.tokens import ingest_token
+from webapp.runs.reconcile import broker_from_env
+from webapp.runs.tokens import start_attempt
+from webapp.teams.choices import Role
 from webapp.teams.models import Project
+
+log = logging.getLogger(__name__)
 
 QUEUE_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
@@ -40,12 +47,36 @@ class CannotResume(ValueError):
     """The run has no checkpoint to resume from, or is still running."""
 
 
-def validate_run_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The engine's validated config as plain JSON, or ``RunConfigInvalid`` naming each bad field."""
+def reward_policy_for(project: Project, user: Any) -> RewardPolicy:
+    """Which reward functions ``user`` may name in ``project``'s runs (``engine/rewards/policy.py``).
+
+    The built-ins and the deployment's reward modules (``TRIBUTARY_REWARD_MODULES``) for everyone;
+    any ``module:function`` only for the admins of a team a site administrator trusts with it
+    (``Team.allow_user_code``, set in Django's admin)."""
+    team = project.team
+    trusted = team.allow_user_code and team.allows(user, Role.ADMIN)
+    return RewardPolicy(modules=RewardPolicy.from_env().modules, allow_any=trusted)
+
+
+def runs_own_code(config: dict[str, Any]) -> bool:
+    """Whether a validated config names a reward outside the registry and the deployment's modules."""
+    modules = RewardPolicy.from_env().modules
+    names = [f.get("name", "") for f in (config.get("reward") or {}).get("functions") or []]
+    return any(":" in n and n.partition(":")[0] not in modules for n in names)
+
+
+def validate_run_config(config: dict[str, Any], policy: RewardPolicy | None = None) -> dict[str, Any]:
+    """The engine's validated config as plain JSON, or ``RunConfigInvalid`` naming each bad field.
+
+    ``policy`` says which reward functions may be named; without one, only the registered
+    rewards and the deployment's modules (never the web process's own environment's default,
+    which allows anything, as the engine's CLI does)."""
     if not isinstance(config, dict):
         raise RunConfigInvalid([("config", f"must be an object (a RunConfig), got {type(config).__name__}")])
+    if policy is None:
+        policy = RewardPolicy(modules=RewardPolicy.from_env().modules, allow_any=False)
     try:
-        cfg = build_config(dict(config))
+        cfg = build_config(dict(config), reward_policy=policy)
     except ConfigError as exc:
         raise RunConfigInvalid(
             [(f"config.{path}" if path else "config", msg) for path, msg in exc.problems]
@@ -84,7 +115,7 @@ def create_run(
     """Validate, store and queue a run; the task is sent after the transaction commits.
 
     ``resume_path`` overrides where the engine resumes from (default: ``resume_from.path``)."""
-    validated = validate_run_config(config)
+    validated = validate_run_config(config, reward_policy_for(project, user))
     workers = routing.live_workers()  # one registry read serves the queue choice and the waiting message
     queue = routing.resolve_queue(_check_queue(queue), validated, workers)
     name = (name or validated.get("name") or "run").strip()[:200]
@@ -100,16 +131,25 @@ def create_run(
             parent=parent,
             parent_kind=parent_kind,
             resume_from=resume_from,
+            resume_path=resume_path or "",
             # A resume numbers its own events from 1; its series continue after the step.
             last_step=resume_from.step if resume_from else 0,
         )
-        transaction.on_commit(lambda: queue_run(run, resume_path=resume_path, workers=workers))
+        # robust with Redis: a broker that is down does not fail the launch; the run is stored as
+        # queued and the reconciler (webapp.runs.reconcile) sends it once the broker is back. The
+        # file broker's reconciler cannot see a missing message, so a failed write is an error.
+        transaction.on_commit(
+            lambda: queue_run(run, resume_path=resume_path, workers=workers), robust=broker_from_env().exact
+        )
     return run
 
 
 def queue_run(run: Run, *, resume_path: str | None = None, workers: list[WorkerEntry] | None = None) -> None:
     """Send the supervisor task for ``run`` to its queue, with a fresh ingest token; its status says
-    why it waits when no online worker (``workers``, read from the registry if not given) can take it."""
+    why it waits when no online worker (``workers``, read from the registry if not given) can take it.
+
+    Everything the message carries comes from the run's row, so the reconciler
+    (``webapp.runs.reconcile``) can send it again when the broker lost it."""
     from jobs.app import app
 
     app.send_task(
@@ -117,9 +157,12 @@ def queue_run(run: Run, *, resume_path: str | None = None, workers: list[WorkerE
         kwargs={
             "run_id": run.pk,
             "config": run.config,
-            "token": ingest_token(run.pk),
+            "token": start_attempt(run.pk),  # a new attempt: older tokens die
             "start_seq": run.last_seq,
-            "resume_path": resume_path or (run.resume_from.path if run.resume_from else None),
+            # Decided again at every send: an admin demoted since, or a team no longer trusted,
+            # and the worker's engine refuses the run's own code (a clear bad-config failure).
+            "user_code": runs_own_code(run.config) and reward_policy_for(run.project, run.created_by).allow_any,
+            "resume_path": resume_path or run.resume_path or (run.resume_from.path if run.resume_from else None),
         },
         queue=run.queue,
     )
@@ -166,6 +209,48 @@ def fork_run(
     )
 
 
+def store_dead_tail(run: Run) -> int:
+    """Store the events a lost run's engine wrote that its worker never shipped; returns how many.
+
+    Its worker died (that is why the run is lost), but the engine's log on disk is the source
+    of truth and its engine went on long enough to checkpoint (it does when its supervisor
+    dies). When this web process can read the run's own directory (``<runs dir>/<run id>``,
+    as a worker would write it: the same machine, or shared storage), the events after the
+    stored cursor are read as the worker would ship them (``jobs.shipper.EventLog``: complete
+    lines only) and stored through the ingest path (idempotent; a status the lost run cannot
+    take is kept as a log line). Only that directory is read, and only events of this run.
+    """
+    from jobs.shipper import EventLog
+    from jobs.supervisor import EVENTS_FILE, runs_dir
+    from webapp.runs.ingest import InvalidEvent, store_events
+    from webapp.runs.tokens import TokenRejected
+
+    base = runs_dir() / str(run.pk)
+    path = base / EVENTS_FILE
+    try:
+        if not path.is_file() or not path.resolve().is_relative_to(base.resolve()):
+            return 0
+    except OSError:
+        return 0
+    events_log = EventLog(path)
+    stored = 0
+    try:
+        while True:
+            run.refresh_from_db(fields=["last_seq"])
+            batch = [json.loads(raw) for _, raw in events_log.read(run.last_seq)]
+            mine = [e for e in batch if str(e.get("run")) == str(run.pk)]
+            if not mine or len(mine) != len(batch):
+                break  # nothing more, or a line of another run: stop at the last event of this one
+            stored += len(store_events(run.pk, mine).events)
+    except (OSError, ValueError, InvalidEvent, TokenRejected) as exc:
+        log.warning("run %s: could not store the tail of %s: %s", run.pk, path, exc)
+    finally:
+        events_log.close()
+    if stored:
+        log.info("run %s: stored %d events its lost worker never shipped, from %s", run.pk, stored, path)
+    return stored
+
+
 def resume_run(parent: Run, user: Any, checkpoint: Checkpoint | None = None, *, queue: str = "") -> Run:
     """A new child run that continues ``parent`` from ``checkpoint``, or by default from the
     newest checkpoint in the parent's checkpoint directory.
@@ -176,10 +261,17 @@ def resume_run(parent: Run, user: Any, checkpoint: Checkpoint | None = None, *, 
     the newest one the web app knows. The parent must have stopped (failed, cancelled, lost
     or succeeded). Checkpoint paths are on the worker that wrote them: resuming on another
     machine needs the runs directory on shared storage (``TRIBUTARY_RUNS_DIR``).
+
+    A lost parent whose run directory this machine holds (embedded mode, or a runs directory
+    shared with the workers) first gets the events its engine wrote after the web app last
+    heard from it (``store_dead_tail``): its last metrics and final checkpoint are stored, and
+    the child starts from that checkpoint, numbered after its step.
     """
     parent.refresh_from_db()
     if RunStatus(parent.status) not in FINAL_STATUSES:
         raise CannotResume(f"run {parent.pk} is {parent.status}: cancel it first, then resume")
+    if parent.status == RunStatus.LOST:
+        store_dead_tail(parent)
     resume_path = None
     if checkpoint is None:
         checkpoint = parent.checkpoints.order_by("-step", "-seq").first()

@@ -11,7 +11,8 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Team)
 class TeamAdmin(admin.ModelAdmin):
-    list_display = ["name", "slug", "created_at"]
+    list_display = ["name", "slug", "allow_user_code", "created_at"]
+    list_filter = ["allow_user_code"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline]

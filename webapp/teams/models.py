@@ -11,6 +11,13 @@ class Team(models.Model):
     slug = models.SlugField(max_length=100, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, through="Membership", related_name="teams")
+    allow_user_code = models.BooleanField(
+        default=False,
+        help_text=(
+            "Admins of this team may name their own reward code (package.module:function) in runs; "
+            "it runs on the workers, confined. Members never can. Only site administrators set this."
+        ),
+    )
 
     class Meta:
         ordering = ["name"]

@@ -20,10 +20,17 @@ from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
 
 from engine.config import PRESETS, ConfigError, deep_merge, json_schema, load_yaml, resolve_preset
+from webapp.inputs import parse_id
 from webapp.pages.launch import schema_form
 from webapp.runs import routing
 from webapp.runs.choices import ParentKind
-from webapp.runs.launch import QUEUE_CHARS, RunConfigInvalid, create_run, validate_run_config
+from webapp.runs.launch import (
+    QUEUE_CHARS,
+    RunConfigInvalid,
+    create_run,
+    reward_policy_for,
+    validate_run_config,
+)
 from webapp.runs.models import Run
 from webapp.runs.routing import AUTO
 from webapp.teams import access
@@ -100,9 +107,12 @@ def _project(request: HttpRequest, project_id: int) -> Project:
 
 
 def _source_run(request: HttpRequest, run_id: str) -> Run:
+    parsed = parse_id(run_id)
+    if parsed is None:
+        raise Http404(f"{run_id!r} is not a run id")
     try:
-        return access.run_for(request.user, int(run_id))
-    except (ValueError, access.NotFound):
+        return access.run_for(request.user, parsed)
+    except access.NotFound:
         raise Http404("run not found") from None
 
 
@@ -260,12 +270,12 @@ def _launch(request: HttpRequest, project: Project, editor: _Editor, launch: dic
     if config is not None and not editor.problems:
         if launch_errors:  # still check the config, so every problem shows at once
             try:
-                validate_run_config(config)
+                validate_run_config(config, reward_policy_for(project, request.user))
             except RunConfigInvalid as exc:
                 editor.problems.extend(exc.problems)
             return _page(request, project, editor, launch, status=422, launch_errors=launch_errors)
         try:
-            validate_run_config(config)
+            validate_run_config(config, reward_policy_for(project, request.user))
             parent = launch["from_run"]
             run = create_run(
                 project,

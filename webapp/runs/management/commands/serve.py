@@ -41,6 +41,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import OperationalError, connection, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from jobs.confine import make_undumpable
 from jobs.protocol import MAX_MESSAGE_BYTES
 
 HEALTH_TIMEOUT_S = 120.0
@@ -260,6 +261,7 @@ class Command(BaseCommand):
 
     # ----------------------------------------------------------------------------- main
     def handle(self, *args: Any, **options: Any) -> None:
+        make_undumpable()  # holds the environment (DATABASE_URL, REDIS_URL): out of the runs' reach
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._force = threading.Event()
@@ -282,6 +284,9 @@ class Command(BaseCommand):
                 + (": check DATABASE_URL and that the server is up" if os.environ.get("DATABASE_URL") else "")
             ) from None
         connections.close_all()  # the children open their own; serve no longer needs one
+        for conn in connections.all(initialized_only=True):
+            if getattr(conn, "pool", None) is not None:
+                conn.close_pool()  # PostgreSQL's pool would keep DATABASE_POOL_MIN connections open
 
         web_url = f"http://{_url_host(host)}:{port}"
         env = self._child_env(web_url)
