@@ -4,7 +4,7 @@ Every event is one JSON object per line with ``run``, ``seq`` (1, 2, 3, ... neve
 also across a resume) and ``type`` (status, metrics, samples, checkpoint, log, heartbeat).
 The engine's own log is the source of truth that the worker ships to the web app, so each
 line is written whole and flushed (and fsynced for events that must survive a crash:
-status and checkpoint).
+status and checkpoint), as strict JSON that the web app can store (``clean``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -32,14 +33,60 @@ def last_seq_in(path: Path) -> int:
         for raw in fh:
             try:
                 last = max(last, int(json.loads(raw)["seq"]))
+            except RecursionError:  # nested past what the parser reads: the seq is at the start
+                match = _SEQ_AT_START.match(raw)
+                last = max(last, int(match.group(1))) if match else last
             except (ValueError, KeyError, TypeError):
                 continue
     return last
 
 
+_SEQ_AT_START = re.compile(rb'^\s*\{\s*"run"\s*:\s*(?:"[^"\\]{0,200}"|-?\d{1,20}|null)\s*,\s*"seq"\s*:\s*(\d{1,19})\s*[,}]')
+
+
 def _finite(values: dict[str, float]) -> dict[str, float | None]:
     # JSON has no NaN/inf; a non-finite metric is sent as null rather than breaking the line.
     return {k: (float(v) if math.isfinite(float(v)) else None) for k, v in values.items()}
+
+
+# --- storable text -----------------------------------------------------------------------
+# The web app stores events in PostgreSQL, whose text and jsonb cannot hold NUL, and no UTF-8
+# encoder can write a lone surrogate (``"\ud800"`` from a ``\ud800`` escape in a dataset row):
+# the line would break the log or the ingest of the whole run. Both become U+FFFD, Unicode's
+# own mark for "a character was here that could not be represented", so what was replaced
+# stays visible. The web app applies the same function to what it receives (``clean``).
+
+REPLACEMENT = "\ufffd"
+MAX_DEPTH = 32
+DEPTH_MARK = f"<nested deeper than {MAX_DEPTH} levels: dropped>"
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with NUL and lone surrogates replaced by U+FFFD (unchanged when it has none)."""
+    return _UNSTORABLE.sub(REPLACEMENT, text) if _UNSTORABLE.search(text) else text
+
+
+def clean(value: Any, depth: int = 1) -> Any:
+    """``value`` as strict, storable JSON data: text (keys too) through ``clean_text``,
+    non-finite floats as null (JSON has no NaN), tuples as lists, anything below ``MAX_DEPTH``
+    levels of nesting replaced by ``DEPTH_MARK``, other objects by their ``str``.
+
+    Depth is bounded because parsers recurse: a deeply nested row would otherwise crash the
+    worker's or the web app's JSON parser instead of being stored."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict | list | tuple) and depth > MAX_DEPTH:
+        return DEPTH_MARK
+    if isinstance(value, dict):
+        return {clean_text(str(k)): clean(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v, depth + 1) for v in value]
+    return clean_text(str(value))
 
 
 class EventSink:
@@ -87,9 +134,10 @@ class EventSink:
     def emit(self, type: EventType, durable: bool = False, **fields: Any) -> int:
         with self._lock:
             self.seq += 1
-            event = {"run": self.run_id, "seq": self.seq, "type": type, **fields}
+            event = clean({"run": self.run_id, "seq": self.seq, "type": type, **fields})
             if self._fh is not None:
-                self._fh.write(json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n")
+                line = json.dumps(event, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+                self._fh.write(line + "\n")
                 self._fh.flush()
                 if durable and self._own:
                     os.fsync(self._fh.fileno())

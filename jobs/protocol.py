@@ -1,11 +1,11 @@
 """The ingest socket protocol between a worker's run supervisor and the web app.
 
 The worker connects to ``ws(s)://<web>/ws/ingest/<run id>/`` with the header
-``Authorization: Bearer <ingest token>`` (a ``?token=`` query parameter is accepted too, for
-clients that cannot set headers; a header keeps the token out of access logs). The token is
-signed by the web app when it queues the run (scoped to that run, expiring, renewed over
-the socket). Every message is one JSON object with a ``type``. Plain module: both sides
-import it, and the worker side runs without Django.
+``Authorization: Bearer <ingest token>``, the only place a token is read (a URL would put it
+in access logs). The token is signed by the web app when it queues the run (scoped to that
+run and that attempt of it, expiring, renewed over the socket while the run is not final).
+Every message is one JSON object with a ``type``. Plain module: both sides import it, and the
+worker side runs without Django.
 
 Web app -> worker
     ``hello``   ``{"type": "hello", "last_seq": N, "status": "queued", "cancel": false, "token": "..."}``
@@ -13,7 +13,9 @@ Web app -> worker
                 everything after it), the run's status, whether a cancel is pending, and a
                 fresh token to use for the next reconnect.
     ``ack``     ``{"type": "ack", "seq": N}`` after each ``events`` batch is committed; may
-                carry a fresh ``token``.
+                carry a fresh ``token``, and ``quarantined: [seq, ...]``: events of the batch
+                that could not be stored and were replaced by an error log line (the run's
+                Logs tab says why); the worker moves on past them.
     ``cancel``  ``{"type": "cancel", "message": "..."}``: stop the engine (SIGTERM, then
                 SIGKILL after the grace period).
     ``error``   ``{"type": "error", "code": 4422, "message": "..."}`` sent just before the
@@ -39,10 +41,16 @@ CLOSE_BAD_TOKEN = 4401  # missing, forged or expired token: get a new one by req
 CLOSE_WRONG_RUN = 4403  # a valid token, but for another run
 CLOSE_NO_RUN = 4404  # the run does not exist (deleted)
 CLOSE_TOO_BIG = 4413  # message larger than MAX_MESSAGE_BYTES
-CLOSE_BAD_EVENT = 4422  # an event breaks the event protocol; nothing of the batch was stored
+CLOSE_RUN_OVER = 4410  # the engine's final status is stored: the attempt takes no more events
+CLOSE_BAD_EVENT = 4422  # an event without a usable seq; nothing of the batch was stored
 
 # Codes after which reconnecting cannot help: the supervisor stops the run instead.
-FATAL_CLOSE_CODES = frozenset({CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_BAD_EVENT})
+FATAL_CLOSE_CODES = frozenset({CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_RUN_OVER, CLOSE_BAD_EVENT})
+
+# How deep one event's JSON may nest on the socket. The engine writes at most
+# ``engine.events.MAX_DEPTH`` (32) levels; the worker replaces a line deeper than this by a
+# stand-in log event, so the web app's parser never meets a nesting it cannot read.
+MAX_EVENT_DEPTH = 64
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_BATCH_EVENTS = 500
@@ -51,3 +59,17 @@ MAX_BATCH_EVENTS = 500
 PING_INTERVAL_S = 10.0
 
 INGEST_PATH = "/ws/ingest/{run_id}/"
+
+# Exclusive claims: one supervisor, and only one, starts a run's engine, however many copies of
+# the run's queue message are delivered (a broker redelivery, a reconciler's re-send).
+# - A web app that grants claims says so in ``hello``: ``{"claims": true, ...}``.
+# - The supervisor then sends ``attach`` with ``"claim": "<id unique to this supervisor>"`` and
+#   starts nothing until the web app answers ``{"type": "claim", "won": true|false, "message": "..."}``.
+# - ``won``: this claim holds the run (a queued run was moved to starting with it, or this same
+#   claim already held it: a reconnect). A loser ends its task without touching the run: another
+#   supervisor holds it, the run is final, or the run was queued again behind older runs.
+# A web app that grants no claims (no ``claims`` in ``hello``) gets the plain ``attach`` of before.
+HELLO_CLAIMS = "claims"
+ATTACH_CLAIM = "claim"
+MSG_CLAIM = "claim"
+CLAIM_MAX_CHARS = 64

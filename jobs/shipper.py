@@ -16,7 +16,10 @@ One ``EventShipper`` per run, in its own thread, speaking ``jobs/protocol.py`` w
   A close code in ``FATAL_CLOSE_CODES`` stops the shipper with ``ShipperFatal`` in
   ``error``: reconnecting cannot help.
 - Each connection: ``hello`` first, then ``attach`` (on every connection, so a restarted web
-  app knows again which worker holds the run), then batches.
+  app knows again which worker holds the run), then batches. With a ``claim`` id and a web app
+  that grants claims (``hello`` says so), ``attach`` carries the claim and nothing is shipped
+  before the web app's ``claim`` answer: a lost claim ends the shipper (``claim_lost``), since
+  another supervisor holds the run and this one must not touch it.
 - Tokens: ``hello`` and ``ack`` may carry a fresh token, used for the next connection.
 - ``ping`` when nothing was sent for ``ping_interval`` seconds; ``cancel`` (and a ``hello``)
   go to the owner through callbacks called from the shipper thread.
@@ -30,6 +33,7 @@ import json
 import logging
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -42,7 +46,17 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from jobs.protocol import FATAL_CLOSE_CODES, INGEST_PATH, MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES, PING_INTERVAL_S
+from jobs.protocol import (
+    ATTACH_CLAIM,
+    FATAL_CLOSE_CODES,
+    HELLO_CLAIMS,
+    INGEST_PATH,
+    MAX_BATCH_EVENTS,
+    MAX_EVENT_DEPTH,
+    MAX_MESSAGE_BYTES,
+    MSG_CLAIM,
+    PING_INTERVAL_S,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +127,21 @@ def backoff_delay(attempt: int, *, base: float, cap: float, rng: random.Random |
 def oversized_stand_in(seq: int, raw: bytes, run: Any, path: Path) -> bytes:
     """A ``log`` event that keeps ``seq`` in the chain for an event too big for one message."""
     kind = "?"
-    with contextlib.suppress(ValueError, AttributeError):
+    with contextlib.suppress(ValueError, AttributeError, RecursionError):
         kind = str(json.loads(raw).get("type", "?"))
     message = (
         f"event {seq} ({kind}, {len(raw)} bytes) is larger than an ingest message may be "
         f"({MAX_MESSAGE_BYTES} bytes) and was not shipped; it is in {path} on the worker"
     )
     event = {"run": run, "seq": seq, "type": "log", "level": "warning", "message": message}
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def unreadable_stand_in(seq: int, raw: bytes, run: Any, path: Path, problem: str) -> bytes:
+    """A ``log`` event (level error) that keeps ``seq`` in the chain for an event the web app
+    could not read (``problem`` says why: nested deeper than ``MAX_EVENT_DEPTH``)."""
+    message = f"event {seq} ({len(raw)} bytes) was not shipped: {problem}; it is in {path} on the worker"
+    event = {"run": run, "seq": seq, "type": "log", "level": "error", "message": message}
     return json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -184,11 +206,14 @@ class EventLog:
             line = fh.readline()
             if not line.endswith(b"\n"):
                 break  # end of file, or a line the engine has not finished writing
-            seq = _seq_of(line)
+            seq, problem = _inspect(line)
             self._note(offset, len(line), seq)
             if seq is None or seq <= last:
                 continue
             raw = line.rstrip(b"\r\n")
+            if problem:
+                raw = unreadable_stand_in(seq, raw, self.run, self.path, problem)
+                log.warning("event %s of %s is %s; shipping a log event instead", seq, self.path, problem)
             if len(raw) + 1 + _ENVELOPE >= max_bytes:
                 if out:
                     break  # it goes alone, as the first of the next batch
@@ -210,13 +235,45 @@ class EventLog:
             self._fh = None
 
 
+# Where the engine writes an event's seq: right at the start (``{"run":..,"seq":N,...``).
+_SEQ_AT_START = re.compile(rb'^\s*\{\s*"run"\s*:\s*(?:"[^"\\]{0,200}"|-?\d{1,20}|null)\s*,\s*"seq"\s*:\s*(\d{1,19})\s*[,}]')
+
+
 def _seq_of(line: bytes) -> int | None:
+    return _inspect(line)[0]
+
+
+def _inspect(line: bytes) -> tuple[int | None, str]:
+    """A line's seq (None for what is no event: a torn line), and why it cannot be shipped as
+    it is ("" when it can): JSON nested deeper than ``MAX_EVENT_DEPTH``, which the web app's
+    parser may not read. The engine never writes such a line (``engine.events.clean``); a
+    line from elsewhere keeps its seq in the chain through a stand-in rather than stalling it."""
     try:
         event = json.loads(line)
-        seq = event["seq"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None
+    except RecursionError:
+        match = _SEQ_AT_START.match(line)
+        return (int(match.group(1)) if match else None), "nested too deeply to parse"
+    except ValueError:
+        return None, ""
+    seq = event.get("seq") if isinstance(event, dict) else None
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0:
+        return None, ""
+    if _nesting(event) > MAX_EVENT_DEPTH:
+        return seq, f"nested deeper than {MAX_EVENT_DEPTH} levels"
+    return seq, ""
+
+
+def _nesting(value: Any) -> int:
+    """How deeply ``value`` nests (a scalar 0, ``{}`` 1), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _run_of(raw: bytes) -> Any:
@@ -228,6 +285,7 @@ def _run_of(raw: bytes) -> Any:
 
 HelloCallback = Callable[[Hello, bool], bool]
 CancelCallback = Callable[[str], None]
+ClaimCallback = Callable[[bool, str, bool], None]
 
 
 class EventShipper:
@@ -235,7 +293,9 @@ class EventShipper:
 
     ``on_hello(hello, first)`` is called for every ``hello``; returning False closes the socket
     without ``attach`` and ends the shipper (the owner decided not to run). ``on_cancel(message)``
-    is called for every ``cancel`` message. Both run in the shipper thread.
+    is called for every ``cancel`` message. ``on_claim(won, message, first)`` is called with the
+    web app's answer to each claiming ``attach`` (only with ``claim`` and a web app that grants
+    claims). All run in the shipper thread.
     """
 
     def __init__(
@@ -247,6 +307,8 @@ class EventShipper:
         *,
         on_hello: HelloCallback | None = None,
         on_cancel: CancelCallback | None = None,
+        on_claim: ClaimCallback | None = None,
+        claim: str | None = None,
         attach: dict[str, Any] | None = None,
         ping_interval: float = PING_INTERVAL_S,
         poll_interval: float = 0.05,
@@ -264,6 +326,8 @@ class EventShipper:
         self.log = EventLog(events_path)
         self.on_hello = on_hello
         self.on_cancel = on_cancel
+        self.on_claim = on_claim
+        self.claim = claim
         self.attach = attach if attach is not None else {"host": socket.gethostname(), "pid": os.getpid()}
         self.ping_interval = ping_interval
         self.poll_interval = poll_interval
@@ -280,9 +344,11 @@ class EventShipper:
         self.backoff_delays: list[float] = []  # every delay slept before a reconnect, in order
         self.error: ShipperFatal | None = None
         self.declined = False  # on_hello returned False
+        self.claim_lost = ""  # the web app's reason, when it gave the run to another claim
         self.drained = False  # finish() was called and everything was acked
         self.gave_up = False  # the drain timeout passed first
         self.last_error_message = ""  # the last ``error`` message the web app sent
+        self.quarantined: list[int] = []  # seqs the web app could not store (ack.quarantined)
         self.done = threading.Event()
 
         self._stop = threading.Event()
@@ -395,7 +461,18 @@ class EventShipper:
                 self.declined = True
                 ws.close()
                 return
-            self._send(ws, {"type": "attach", **self.attach})
+            if self.claim and hello.raw.get(HELLO_CLAIMS):
+                self._send(ws, {"type": "attach", **self.attach, ATTACH_CLAIM: self.claim})
+                won, why = self._wait_claim(ws)
+                if self.on_claim is not None:
+                    self.on_claim(won, why, first)
+                if not won:
+                    self.claim_lost = why or "the web app gave the run to another claim"
+                    log.warning("run %s: claim lost: %s", self.run_id, self.claim_lost)
+                    ws.close()
+                    return
+            else:
+                self._send(ws, {"type": "attach", **self.attach})
             self._ship(ws)
 
     def _ship(self, ws: ClientConnection) -> None:
@@ -477,6 +554,21 @@ class EventShipper:
                 return Hello.parse(msg)
             self._handle(msg)
 
+    def _wait_claim(self, ws: ClientConnection) -> tuple[bool, str]:
+        """The web app's answer to a claiming ``attach``: (won, why not)."""
+        deadline = time.monotonic() + self.ack_timeout
+        while True:
+            left = min(deadline - time.monotonic(), self._time_left())
+            if left <= 0 or self._stop.is_set():
+                raise _Reconnect("no answer to the claim")
+            msg = self._recv(ws, min(left, self._until_ping(), 1.0))
+            if msg is None:
+                self._ping_if_due(ws)
+                continue
+            if msg.get("type") == MSG_CLAIM:
+                return bool(msg.get("won")), str(msg.get("message") or "")
+            self._handle(msg)
+
     def _wait_ack(self, ws: ClientConnection, seq: int) -> None:
         deadline = time.monotonic() + self.ack_timeout
         while True:
@@ -492,6 +584,14 @@ class EventShipper:
                     self.acked_seq = int(msg["seq"])
                 except (KeyError, TypeError, ValueError):
                     raise _Reconnect(f"an ack without a seq: {msg!r}") from None
+                quarantined = msg.get("quarantined")
+                if isinstance(quarantined, list) and quarantined:
+                    # Stored as error log lines in their place: the stream goes on.
+                    self.quarantined.extend(q for q in quarantined if isinstance(q, int))
+                    log.warning(
+                        "run %s: the web app could not store events %s and quarantined them (see the "
+                        "run's Logs tab); they stay in %s", self.run_id, quarantined, self.log.path,
+                    )
                 return
             self._handle(msg)
 

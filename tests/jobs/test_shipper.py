@@ -262,3 +262,29 @@ def test_event_log_resends_from_any_seq_through_its_index(tmp_path: Path) -> Non
 
 def lines_offset(path: Path, index: int) -> int:
     return sum(len(line) for line in path.read_bytes().splitlines(keepends=True)[:index])
+
+
+def test_a_line_nested_too_deeply_keeps_its_seq_through_a_stand_in(fake_ingest, tmp_path: Path) -> None:
+    """A line no parser can read (or nested past MAX_EVENT_DEPTH) would make the web app refuse
+    every batch holding it: it travels as an error log event with its seq, and the rest follows."""
+    from jobs.protocol import MAX_EVENT_DEPTH
+
+    fake = fake_ingest(RUN)
+    path = tmp_path / "events.jsonl"
+    write_events(path, RUN, 3)
+    with path.open("a") as fh:
+        fh.write('{"run":%d,"seq":4,"type":"log","level":"info","message":%s}\n' % (RUN, "[" * 100_000 + "]" * 100_000))  # noqa: UP031
+        nested: object = "x"
+        for _ in range(MAX_EVENT_DEPTH + 1):
+            nested = [nested]
+        fh.write(json.dumps({"run": RUN, "seq": 5, "type": "log", "level": "info", "message": nested}) + "\n")
+    sink = EventSink(str(RUN), path)
+    after = sink.log("info", "after the deep ones")
+    sink.close()
+    shipper = shipper_for(fake, path).start()
+    assert shipper.finish(timeout=60)
+    assert shipper.error is None and [e["seq"] for e in fake.events()] == list(range(1, after + 1))
+    for seq, why in ((4, "nested too deeply to parse"), (5, f"nested deeper than {MAX_EVENT_DEPTH} levels")):
+        stand_in = fake.stored[seq]
+        assert (stand_in["type"], stand_in["level"]) == ("log", "error")
+        assert f"event {seq}" in stand_in["message"] and why in stand_in["message"] and str(path) in stand_in["message"]

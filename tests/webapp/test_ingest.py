@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from typing import Any
 
@@ -11,8 +12,8 @@ from django.db import IntegrityError, connection, transaction
 from engine.events import EventSink
 from tests.webapp.event_builders import T0, a_run_of, metrics, sample_item, samples, status
 from webapp.runs.choices import RunStatus
+from webapp.runs.ingest import InvalidEvent, store_events
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, Sample
-from webapp.runs.services import InvalidEvent, store_events
 
 
 def ingest_events(run: Run, events: list[dict[str, Any]]) -> int:
@@ -103,23 +104,45 @@ def test_it_refuses_a_gap_and_writes_nothing(claimed) -> None:
     assert stored(claimed) == before
 
 
+UNPLACEABLE = [
+    ({"seq": 0, "type": "heartbeat", "time": T0}, "field 'seq' must be an integer in [1, 2^63)"),
+    ({"seq": "3", "type": "heartbeat", "time": T0}, "field 'seq' must be an integer in [1, 2^63)"),
+    ({"seq": 2**63, "type": "heartbeat", "time": T0}, "field 'seq' must be an integer in [1, 2^63)"),
+    ({"type": "heartbeat", "time": T0}, "field 'seq' must be an integer in [1, 2^63)"),
+]
+
+
+@pytest.mark.parametrize(("bad", "message"), UNPLACEABLE, ids=[repr(b.get("seq")) for b, _ in UNPLACEABLE])
+def test_it_refuses_a_batch_with_an_event_it_cannot_place_and_writes_nothing(claimed, bad, message) -> None:
+    """Without a usable seq the cursor cannot move past the event: the whole batch is refused."""
+    good = a_run_of(1)[:2]
+    before = stored(claimed)
+    with pytest.raises(InvalidEvent, match=re.escape(message)) as refused:
+        ingest_events(claimed, [*good, bad])
+    assert (refused.value.seq, refused.value.field) == ("? (item 2)", "seq")
+    assert stored(claimed) == before
+
+
 BAD_EVENTS = [
     ({"seq": 3, "type": "telemetry"}, "event seq 3: field 'type' is 'telemetry'; known types"),
     ({"seq": 3}, "event seq 3: field 'type' is None"),
-    ({"seq": 0, "type": "heartbeat", "time": T0}, "field 'seq' must be an integer >= 1"),
-    ({"seq": "3", "type": "heartbeat", "time": T0}, "field 'seq' must be an integer >= 1"),
     ({"seq": 3, "type": "metrics", "time": T0, "values": {}}, "event seq 3: field 'step' is missing"),
     ({"seq": 3, "type": "metrics", "step": True, "time": T0, "values": {}}, "field 'step' must be an integer"),
     ({"seq": 3, "type": "metrics", "step": -1, "time": T0, "values": {}}, "field 'step' must be an integer"),
+    ({"seq": 3, "type": "metrics", "step": 2**31, "time": T0, "values": {}}, "field 'step' must be an integer"),
     ({"seq": 3, "type": "metrics", "step": 1, "time": T0, "values": {"loss": math.nan}}, "field 'values.loss' must be a finite number"),
     ({"seq": 3, "type": "metrics", "step": 1, "time": T0, "values": {"loss": math.inf}}, "field 'values.loss' must be a finite number"),
+    ({"seq": 3, "type": "metrics", "step": 1, "time": T0, "values": {"loss": 10**400}}, "field 'values.loss' must be a finite number"),
     ({"seq": 3, "type": "metrics", "step": 1, "time": T0, "values": {"loss": "0.1"}}, "field 'values.loss' must be a finite number"),
     ({"seq": 3, "type": "metrics", "step": 1, "time": T0, "values": [1.0]}, "field 'values' must be an object"),
+    ({"seq": 3, "type": "metrics", "step": 1, "time": T0, "values": {"x" * 201: 1.0}}, "has a bad metric name"),
     ({"seq": 3, "type": "metrics", "step": 1, "time": math.nan, "values": {}}, "field 'time' must be a finite number"),
     ({"seq": 3, "type": "samples", "step": 1}, "field 'items' is missing"),
-    ({"seq": 3, "type": "samples", "step": 1, "items": [{"prompt": "p"}]}, r"field 'items\[0\].completion' is missing"),
-    ({"seq": 3, "type": "samples", "step": 1, "items": [{**sample_item("x"), "reward": math.inf}]}, r"field 'items\[0\].reward' must be a finite"),
-    ({"seq": 3, "type": "checkpoint", "step": 1, "path": "c", "bytes": -5}, "field 'bytes' must be an integer >= 0"),
+    ({"seq": 3, "type": "samples", "step": 1, "items": [{"prompt": "p"}]}, "field 'items[0].completion' is missing"),
+    ({"seq": 3, "type": "samples", "step": 1, "items": [{**sample_item("x"), "reward": math.inf}]}, "field 'items[0].reward' must be a finite"),
+    ({"seq": 3, "type": "samples", "step": 1, "items": [{**sample_item("x"), "length": 2**31}]}, "field 'items[0].length' must be an integer"),
+    ({"seq": 3, "type": "checkpoint", "step": 1, "path": "c", "bytes": -5}, "field 'bytes' must be an integer in [0, 2^63)"),
+    ({"seq": 3, "type": "checkpoint", "step": 1, "path": "c", "bytes": 2**63}, "field 'bytes' must be an integer in [0, 2^63)"),
     ({"seq": 3, "type": "checkpoint", "step": 1, "bytes": 5}, "field 'path' is missing"),
     ({"seq": 3, "type": "log", "level": "shout", "message": "x"}, "field 'level' is 'shout'; known levels"),
     ({"seq": 3, "type": "status", "state": "paused"}, "field 'state' is 'paused'; known states"),
@@ -128,14 +151,24 @@ BAD_EVENTS = [
 
 
 @pytest.mark.parametrize(("bad", "message"), BAD_EVENTS, ids=[m.split(":")[-1][:40] for _, m in BAD_EVENTS])
-def test_it_refuses_a_batch_with_a_bad_event_and_writes_nothing(claimed, bad, message) -> None:
+def test_it_quarantines_a_bad_event_and_stores_the_rest(claimed, bad, message) -> None:
+    """A bad event with a usable seq takes its place as an error log line that says what was
+    wrong; the events around it are stored, and the cursor moves past it."""
     good = a_run_of(1)[:2]
-    before = stored(claimed)
     later = metrics(4, 2, **{"reward/mean": 1.0})
-    with pytest.raises(InvalidEvent, match=message):
-        ingest_events(claimed, [*good, bad, later])
-    assert stored(claimed) == before
-    assert isinstance(InvalidEvent(1, "f", "x"), ValueError)
+    assert ingest_events(claimed, [*good, bad, later]) == 4
+    got = stored(claimed)
+    assert got["metrics"] == [("reward/mean", 2, 1.0)]
+    [(seq, level, text)] = got["logs"]
+    assert (seq, level) == (3, "error")
+    assert f"event 3 ({bad.get('type') or '?'}) was quarantined" in text and message in text
+
+
+def test_an_invalid_event_is_a_value_error_naming_seq_and_field() -> None:
+    error = InvalidEvent(7, "values.loss", "must be a finite number, got nan")
+    assert isinstance(error, ValueError)
+    assert (error.seq, error.field) == (7, "values.loss")
+    assert str(error) == "event seq 7: field 'values.loss' must be a finite number, got nan"
 
 
 def test_it_refuses_a_batch_item_that_is_not_an_object(claimed) -> None:
@@ -261,3 +294,157 @@ def test_it_stores_a_batch_once_when_two_connections_ingest_it_together(run) -> 
     assert results == [len(events), len(events)]
     assert Sample.objects.filter(run=run).count() == 40
     assert LogLine.objects.filter(run=run).count() == 1
+
+
+# --- storable text, bounded depth, quarantine of what the database refuses (issue 13) ---------
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(levels):
+        value = {"d": value}
+    return value
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+def test_it_makes_unstorable_text_storable_everywhere(claimed) -> None:
+    """NUL and lone surrogates become U+FFFD in text columns, metric names, and JSON keys and
+    values at any depth; JSON deeper than engine.events.MAX_DEPTH is cut with a mark. On
+    PostgreSQL every one of these failed the whole batch before (jsonb and text refuse NUL)."""
+    from engine.events import DEPTH_MARK, MAX_DEPTH
+
+    item = {
+        **sample_item("x"),
+        "prompt": "Q\x00?",
+        "completion": "4\x00\ud800",
+        "finish_reason": "st\x00op",
+        "extra": {"answer\x00": ["4\x00", {"k\ud800": "\udfff"}], "deep": _deep(60)},
+    }
+    events = [
+        status(1, "starting"),
+        metrics(2, 1, **{"reward\x00/mean": 0.5}),
+        {"run": "r", "seq": 3, "type": "samples", "step": 1, "items": [item]},
+        {"run": "r", "seq": 4, "type": "log", "level": "info", "message": "bad \ud800 text \x00"},
+        {"run": "r", "seq": 5, "type": "checkpoint", "step": 1, "path": "ck\x00pt", "bytes": 1},
+        status(6, "running", "step\x00 0"),
+    ]
+    assert ingest_events(claimed, events) == 6
+    sample = Sample.objects.get(run=claimed)
+    assert (sample.prompt, sample.completion, sample.finish_reason) == ("Q\ufffd?", "4\ufffd\ufffd", "st\ufffdop")
+    assert sample.extra["answer\ufffd"] == ["4\ufffd", {"k\ufffd": "\ufffd"}]
+    assert 4 + _depth(sample.extra) - 1 == MAX_DEPTH  # extra is level 4 of the event: cut where the engine cuts
+    assert DEPTH_MARK in json.dumps(sample.extra)
+    assert list(MetricPoint.objects.filter(run=claimed).values_list("name", flat=True)) == ["reward\ufffd/mean"]
+    assert LogLine.objects.get(run=claimed, seq=4).message == "bad \ufffd text \ufffd"
+    assert Checkpoint.objects.get(run=claimed).path == "ck\ufffdpt"
+    run = Run.objects.get(pk=claimed.pk)
+    assert (run.status, run.status_message, run.summary) == (RunStatus.RUNNING, "step\ufffd 0", {"reward\ufffd/mean": 0.5})
+
+
+def test_the_engine_sink_never_writes_unstorable_text(tmp_path) -> None:
+    """The engine's log is the source of truth: it stays strict JSON the web app can store."""
+    from engine.events import DEPTH_MARK
+
+    log = tmp_path / "events.jsonl"
+    sink = EventSink("r", log)
+    sink.samples(1, [{**sample_item("x"), "completion": "a\x00b", "reward": math.nan, "extra": _deep(50)}])
+    sink.log("info", "lone \ud800 surrogate")
+    sink.metrics(1, {"na\x00me": 1.0})
+    sink.close()
+    raw = log.read_bytes()
+    assert b"\\u0000" not in raw and b"\x00" not in raw
+    lines = [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}")) for line in raw.splitlines()]
+    item = lines[0]["items"][0]
+    assert (item["completion"], item["reward"]) == ("a\ufffdb", None)
+    assert DEPTH_MARK in json.dumps(item["extra"])
+    assert lines[1]["message"] == "lone \ufffd surrogate"
+    assert lines[2]["values"] == {"na\ufffdme": 1.0}
+
+
+@pytest.fixture
+def refuse_poison_in_the_database(on_postgres: bool) -> Any:
+    """A real database rule that refuses one value (a CHECK constraint on PostgreSQL, a trigger
+    on SQLite): stands for any data error ingest did not foresee, so the savepoint fallback is
+    exercised against the database itself."""
+    with connection.cursor() as cursor:
+        if on_postgres:
+            cursor.execute(
+                "ALTER TABLE runs_sample ADD CONSTRAINT test_no_poison CHECK (completion NOT LIKE '%%POISON%%')"
+            )
+        else:
+            cursor.execute(
+                "CREATE TRIGGER test_no_poison BEFORE INSERT ON runs_sample "
+                "WHEN NEW.completion LIKE '%POISON%' BEGIN SELECT RAISE(ABORT, 'poison refused'); END"
+            )
+    yield
+    with connection.cursor() as cursor:
+        if on_postgres:  # deferred foreign-key checks first, or PostgreSQL refuses the ALTER
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            cursor.execute("ALTER TABLE runs_sample DROP CONSTRAINT test_no_poison")
+        else:
+            cursor.execute("DROP TRIGGER test_no_poison")
+
+
+def test_an_event_the_database_refuses_is_quarantined_and_the_rest_stored(
+    claimed, refuse_poison_in_the_database
+) -> None:
+    events = a_run_of(3)  # samples at seq 4, 6, 8
+    events[5] = samples(6, 2, "POISON", "fine")
+    assert ingest_events(claimed, events) == len(events)
+    got = stored(claimed)
+    assert sorted({s[0] for s in got["samples"]}) == [4, 8]  # the whole refused event is out
+    assert len(got["metrics"]) == 6 and got["checkpoints"] == [(9, 3, "ckpt/3", 1234)]
+    quarantined = LogLine.objects.get(run=claimed, seq=6)
+    assert quarantined.level == "error"
+    assert "event 6 (samples) was quarantined, not stored: the database refused it" in quarantined.message
+    run = Run.objects.get(pk=claimed.pk)
+    assert (run.status, run.last_seq, run.last_step) == (RunStatus.RUNNING, len(events), 3)
+    assert run.summary == {"reward/mean": 0.3, "actor/entropy": 1 / 3}
+
+
+def test_the_engines_final_status_closes_the_attempt(claimed) -> None:
+    from webapp.runs.ingest import IngestClosed
+
+    forged = metrics(5, 9999, **{"reward/mean": 99.0})
+    stored_ = store_events(claimed.pk, [status(1, "starting"), status(2, "running"), metrics(3, 1, loss=1.0),
+                                        status(4, "succeeded", "done"), forged])  # fmt: skip
+    assert (stored_.last_seq, stored_.final) == (4, True)  # nothing after the final status
+    run = Run.objects.get(pk=claimed.pk)
+    assert (run.status, run.final_seq, run.last_seq) == (RunStatus.SUCCEEDED, 4, 4)
+    assert store_events(claimed.pk, [status(4, "succeeded", "done")]).last_seq == 4  # a resend: fine
+    with pytest.raises(IngestClosed, match="its engine's final status was event 4"):
+        store_events(claimed.pk, [forged])
+    assert not MetricPoint.objects.filter(run=claimed, step=9999).exists()
+
+
+def test_a_web_final_run_takes_the_tail_until_the_engines_final_status(claimed) -> None:
+    """A run marked lost (or cancelled) by the web app still takes its worker's late events:
+    the engine's own final status is what ends the attempt."""
+    claimed.mark_lost("silent")
+    store_events(claimed.pk, [status(1, "starting"), metrics(2, 1, loss=1.0), status(3, "failed", "boom")])
+    run = Run.objects.get(pk=claimed.pk)
+    assert (run.status, run.last_seq, run.final_seq) == (RunStatus.LOST, 3, 3)
+    assert MetricPoint.objects.filter(run=claimed).count() == 1
+
+
+def test_a_token_of_an_older_attempt_stores_nothing(claimed) -> None:
+    from webapp.runs.tokens import TokenRejected, start_attempt
+
+    start_attempt(claimed.pk)
+    start_attempt(claimed.pk)
+    with pytest.raises(TokenRejected, match=r"attempt 1 of run .* queued again \(attempt 2\)"):
+        store_events(claimed.pk, [metrics(1, 1, loss=1.0)], attempt=1)
+    assert store_events(claimed.pk, [metrics(1, 1, loss=1.0)], attempt=2).last_seq == 1
+
+
+def test_stored_events_are_progress(claimed) -> None:
+    Run.objects.filter(pk=claimed.pk).update(heartbeat_at=None)
+    ingest_events(claimed, [{"run": "r", "seq": 1, "type": "heartbeat", "time": T0}])
+    assert Run.objects.get(pk=claimed.pk).heartbeat_at is not None

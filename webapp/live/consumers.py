@@ -23,35 +23,64 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from engine.events import clean_text
 from jobs.protocol import (
+    ATTACH_CLAIM,
+    CLAIM_MAX_CHARS,
     CLOSE_BAD_EVENT,
     CLOSE_BAD_MESSAGE,
+    CLOSE_BAD_TOKEN,
     CLOSE_NO_RUN,
     CLOSE_TOO_BIG,
+    HELLO_CLAIMS,
     MAX_BATCH_EVENTS,
     MAX_MESSAGE_BYTES,
+    MSG_CLAIM,
 )
-from webapp.live.groups import ingest_group, project_group, run_group, send_async, status_message
+from webapp.live.groups import (
+    ingest_group,
+    project_group,
+    run_group,
+    send_async,
+    share_group,
+    status_message,
+    user_group,
+)
 from webapp.live.replay import stored_events
 from webapp.runs.choices import RunStatus
+from webapp.runs.ingest import MAX_BIGINT, InvalidEvent, SeqGap, is_poison, stale_attempt_reason, store_events
 from webapp.runs.models import InvalidTransition, Run, ShareLink
-from webapp.runs.services import InvalidEvent, SeqGap, store_events
+from webapp.runs.reconcile import claim_order
 from webapp.runs.tokens import TokenRejected, check_ingest_token, ingest_token
 from webapp.teams.access import NotFound, project_for, run_for
 
 log = logging.getLogger(__name__)
 
+CLOSE_REVOKED = 4403  # browser sockets: the share link was revoked, or the user left the team
 CLOSE_NOT_FOUND = 4404  # browser sockets: no such run/project, or not yours to see
 CLOSE_UNAVAILABLE = 1011  # the database failed: the worker reconnects and resends
 HEARTBEAT_WRITE_EVERY_S = 5.0
+MAX_SHARE_TOKEN = 64  # ShareLink.token's length
 
 
 def _query(scope: dict[str, Any]) -> dict[str, str]:
     raw = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     return {key: values[-1] for key, values in raw.items()}
+
+
+def _route_id(scope: dict[str, Any], name: str) -> int | None:
+    """The route's integer id, or None when no row can have it (beyond bigint)."""
+    value = int(scope["url_route"]["kwargs"][name])
+    return value if 0 < value <= MAX_BIGINT else None
+
+
+def _close_reason(message: str) -> str:
+    """A close frame's reason: at most 123 bytes of UTF-8 (RFC 6455), so no lone surrogate
+    and no multi-byte character cut in half."""
+    return clean_text(message).encode("utf-8")[:120].decode("utf-8", errors="ignore")
 
 
 def _bearer(scope: dict[str, Any]) -> str:
@@ -75,7 +104,16 @@ class _JsonSocket(AsyncWebsocketConsumer):
             if not getattr(self, "accepted", False):
                 await self.accept()
             await self.send_message({"type": "error", "code": code, "message": message})
-            await self.close(code=code, reason=message[:120])
+            await self.close(code=code, reason=_close_reason(message))
+            self.closed = True
+
+    async def unavailable(self, what: str) -> None:
+        """The database failed: close with 1011 (a worker reconnects and resends later)."""
+        log.exception("%s failed: the database is unavailable", what)
+        if not self.closed:
+            if not getattr(self, "accepted", False):
+                await self.accept()
+            await self.close(code=CLOSE_UNAVAILABLE)
             self.closed = True
 
     async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
@@ -90,55 +128,81 @@ class IngestConsumer(_JsonSocket):
     """The worker's socket for one run. Only the token decides who may ship: no session."""
 
     async def connect(self) -> None:
-        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        """Admit the worker of the run's current attempt (the token is read from the
+        ``Authorization`` header only), say what is stored, and renew its token unless the run
+        is final: the worker of an ended attempt may drain its tail, never extend it."""
+        run_id = _route_id(self.scope, "run_id")
+        self.run_id = run_id or int(self.scope["url_route"]["kwargs"]["run_id"])
         try:
-            check_ingest_token(_bearer(self.scope) or _query(self.scope).get("token", ""), self.run_id)
+            self.attempt = check_ingest_token(_bearer(self.scope), self.run_id)
         except TokenRejected as exc:
             await self.refuse(exc.code, str(exc))
             return
-        run = await database_sync_to_async(Run.objects.filter(pk=self.run_id).first)()
+        try:
+            run = await database_sync_to_async(_seen)(run_id) if run_id else None
+        except DatabaseError:
+            await self.unavailable(f"ingest connect of run {self.run_id}")
+            return
         if run is None:
             await self.refuse(CLOSE_NO_RUN, f"run {self.run_id} does not exist")
             return
+        if run.attempt != self.attempt:
+            await self.refuse(CLOSE_BAD_TOKEN, stale_attempt_reason(self.run_id, self.attempt, run.attempt))
+            return
+        self.final = RunStatus(run.status).is_final
         self.token_issued = time.monotonic()
-        self.last_heartbeat_write = 0.0
+        self.last_heartbeat_write = time.monotonic()
         await self.channel_layer.group_add(ingest_group(self.run_id), self.channel_name)
         self.groups.append(ingest_group(self.run_id))
         await self.accept()
-        await self.send_message(
-            {
-                "type": "hello",
-                "last_seq": run.last_seq,
-                "status": str(run.status),
-                "cancel": run.cancel_requested_at is not None,
-                "token": ingest_token(self.run_id),
-            }
-        )
+        hello: dict[str, Any] = {
+            "type": "hello",
+            "last_seq": run.last_seq,
+            "status": str(run.status),
+            "cancel": run.cancel_requested_at is not None,
+            HELLO_CLAIMS: True,
+        }
+        if not self.final:
+            hello["token"] = ingest_token(self.run_id, self.attempt)
+        await self.send_message(hello)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """One message from the worker. Whatever it holds, the answer is an ack or a close
+        with a protocol code (``jobs/protocol.py``), 1011 only when the database failed."""
         if self.closed:
             return
         raw = text_data if text_data is not None else bytes_data or b""
-        size = len(raw.encode("utf-8")) if isinstance(raw, str) else len(raw)
+        size = len(raw.encode("utf-8", errors="surrogatepass")) if isinstance(raw, str) else len(raw)
         if size > MAX_MESSAGE_BYTES:
             await self.refuse(CLOSE_TOO_BIG, f"message of {size} bytes; the limit is {MAX_MESSAGE_BYTES}")
             return
         try:
             message = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except RecursionError:
+            await self.refuse(CLOSE_BAD_MESSAGE, "not JSON this server can read: nested too deeply")
+            return
+        except ValueError as exc:  # UnicodeDecodeError included
             await self.refuse(CLOSE_BAD_MESSAGE, f"not JSON: {exc}")
             return
         kind = message.get("type") if isinstance(message, dict) else None
-        if kind == "events":
-            await self._events(message.get("events"))
-        elif kind == "ping":
-            await self._heartbeat()
-        elif kind == "attach":
-            await self._attach(message)
-        else:
-            await self.refuse(
-                CLOSE_BAD_MESSAGE, f"unknown message type {kind!r}: send an object with type events, ping or attach"
-            )
+        try:
+            if kind == "events":
+                await self._events(message.get("events"))
+            elif kind == "ping":
+                await self._heartbeat()
+            elif kind == "attach":
+                await self._attach(message)
+            else:
+                shown = clean_text(repr(kind))[:80]
+                await self.refuse(
+                    CLOSE_BAD_MESSAGE, f"unknown message type {shown}: send an object with type events, ping or attach"
+                )
+        except DatabaseError as exc:
+            if not is_poison(exc):
+                await self.unavailable(f"ingest of run {self.run_id}")
+                return
+            log.warning("run %s: a %s message the database cannot take: %s", self.run_id, kind, exc)
+            await self.refuse(CLOSE_BAD_MESSAGE, f"the {kind} message holds a value the database cannot store: {exc}")
 
     async def _events(self, events: Any) -> None:
         if not isinstance(events, list):
@@ -148,7 +212,7 @@ class IngestConsumer(_JsonSocket):
             await self.refuse(CLOSE_TOO_BIG, f"{len(events)} events in one message; the limit is {MAX_BATCH_EVENTS}")
             return
         try:
-            stored = await database_sync_to_async(store_events)(self.run_id, events)
+            stored = await database_sync_to_async(store_events)(self.run_id, events, attempt=self.attempt)
         except SeqGap as gap:
             # Not fatal: the ack says what is stored, and the worker resends from there.
             await self.send_message({"type": "ack", "seq": gap.expected - 1, "resend": True})
@@ -156,18 +220,21 @@ class IngestConsumer(_JsonSocket):
         except InvalidEvent as exc:
             await self.refuse(CLOSE_BAD_EVENT, str(exc))
             return
+        except TokenRejected as exc:  # an older attempt, or the attempt's engine already ended
+            await self.refuse(exc.code, str(exc))
+            return
         except Run.DoesNotExist:
             await self.refuse(CLOSE_NO_RUN, f"run {self.run_id} does not exist")
             return
-        except DatabaseError:
-            log.exception("ingest of run %s failed; the worker will resend", self.run_id)
-            await self.close(code=CLOSE_UNAVAILABLE)
-            self.closed = True
-            return
+        # A DatabaseError (the database is down: close 1011, the worker resends) goes up to
+        # receive(); the data errors were already quarantined by store_events.
         self.last_heartbeat_write = time.monotonic()
+        self.final = self.final or stored.final
         ack: dict[str, Any] = {"type": "ack", "seq": stored.last_seq}
-        if time.monotonic() - self.token_issued > settings.INGEST_TOKEN_MAX_AGE / 4:
-            ack["token"] = ingest_token(self.run_id)
+        if stored.quarantined:
+            ack["quarantined"] = list(stored.quarantined)
+        if not self.final and time.monotonic() - self.token_issued > settings.INGEST_TOKEN_MAX_AGE / 4:
+            ack["token"] = ingest_token(self.run_id, self.attempt)
             self.token_issued = time.monotonic()
         await self.send_message(ack)
         if stored.events:
@@ -182,47 +249,144 @@ class IngestConsumer(_JsonSocket):
             )
 
     async def _heartbeat(self) -> None:
+        """A ping is liveness of the worker (``worker_seen_at``), not progress of the run: only
+        stored events (the engine's heartbeat events included) move ``heartbeat_at``, so a
+        worker that keeps pinging a stuck run does not keep it looking alive (sweeper.py)."""
         now = time.monotonic()
         if now - self.last_heartbeat_write < HEARTBEAT_WRITE_EVERY_S:
             return
         self.last_heartbeat_write = now
-        await database_sync_to_async(Run.objects.filter(pk=self.run_id).update)(heartbeat_at=timezone.now())
+        await database_sync_to_async(Run.objects.filter(pk=self.run_id).update)(worker_seen_at=timezone.now())
 
     async def _attach(self, message: dict[str, Any]) -> None:
         host = str(message.get("host") or "")[:255]
-        await database_sync_to_async(_claim)(self.run_id, host)
+        claim = message.get(ATTACH_CLAIM)
+        if claim is not None and (not isinstance(claim, str) or not 0 < len(claim) <= CLAIM_MAX_CHARS):
+            await self.refuse(
+                CLOSE_BAD_MESSAGE, f"attach: 'claim' must be a string of 1 to {CLAIM_MAX_CHARS} characters"
+            )
+            return
+        answer = await database_sync_to_async(_claim)(self.run_id, host, claim or "", getattr(self, "attempt", None))
+        if answer is not None:
+            won, why = answer
+            await self.send_message({"type": MSG_CLAIM, "won": won, "message": why})
 
     async def ingest_cancel(self, event: dict[str, Any]) -> None:
         await self.send_message({"type": "cancel", "message": event.get("message", "")})
 
 
-def _claim(run_id: int, host: str) -> None:
-    """A worker attached: a queued run becomes starting on that host (the engine confirms)."""
+def _seen(run_id: int) -> Run | None:
+    """The run, its worker noted as seen now (liveness: a connection is no progress)."""
+    Run.objects.filter(pk=run_id).update(worker_seen_at=timezone.now())
+    return Run.objects.filter(pk=run_id).first()
+
+
+def _claim(run_id: int, host: str, claim: str = "", attempt: int | None = None) -> tuple[bool, str] | None:
+    """A worker attached: a queued run becomes starting on that host (the engine confirms).
+
+    With a ``claim`` id (see ``jobs/protocol.py``) the start is exclusive and the answer is
+    ``(won, why not)``: the conditional UPDATE queued -> starting records the claim, so of two
+    supervisors holding copies of the run's message (a broker redelivery, a reconciler's re-send)
+    exactly one wins; the winner reconnecting with the same claim keeps the run. Before that, the
+    queue order is checked (``reconcile.claim_order``): an older queued run of the same queue
+    that lost its message or waits behind this one goes first, and this run is queued again.
+    Only the current ``attempt``'s supervisor can win (checked under the row lock): a copy of an
+    older message (the run was sent again since) never starts it.
+    Without a claim (a worker of before claims), the plain start of before, and None.
+    """
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
-        return
+        return (False, f"run {run_id} does not exist") if claim else None
+    if not claim:
+        if run.status == RunStatus.QUEUED:
+            try:
+                run.start(worker_host=host)
+                return None
+            except InvalidTransition:  # cancelled meanwhile: the worker learns it from the status
+                pass
+        Run.objects.filter(pk=run_id).update(worker_host=host, worker_seen_at=timezone.now())  # liveness
+        return None
     if run.status == RunStatus.QUEUED:
-        try:
-            run.start(worker_host=host)
-            return
-        except InvalidTransition:  # cancelled meanwhile: the worker learns it from the status
-            pass
-    Run.objects.filter(pk=run_id).update(worker_host=host, heartbeat_at=timezone.now())
+        if run.cancel_requested_at is None:  # a run about to be cancelled starts nothing: no order
+            behind = claim_order(run)
+            if behind:
+                return False, f"not started now: {behind}"
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=run_id)
+            if attempt is not None and run.attempt != attempt:
+                return False, stale_attempt_reason(run_id, attempt, run.attempt)
+            try:
+                run.transition(RunStatus.STARTING, worker_host=host, claim=claim)
+                return True, ""
+            except InvalidTransition:  # another supervisor won, or it was cancelled meanwhile
+                pass
+    if run.status != RunStatus.QUEUED and run.claim == claim:
+        # The holder reconnecting: it keeps the run, to ship its tail even once the run is final.
+        if not RunStatus(run.status).is_final:  # liveness, not progress (a reconnect is no sign the engine trains)
+            Run.objects.filter(pk=run_id, claim=claim).update(worker_host=host, worker_seen_at=timezone.now())
+        return True, ""
+    if run.status in (RunStatus.STARTING, RunStatus.RUNNING):
+        return False, (
+            f"run {run_id} is already {run.status} on {run.worker_host or 'another worker'} "
+            "under another claim: this copy of its queue message starts nothing"
+        )
+    return False, f"run {run_id} is {run.status}: nothing to start"
 
 
 # --------------------------------------------------------------------------- browsers
 
 
-def _run_for_viewer(user: Any, run_id: int, share: str) -> Run:
+def _run_for_viewer(user: Any, run_id: int | None, share: str) -> tuple[Run, str]:
+    """The run the socket may show, and the group that re-checks it: the share link's, or the
+    signed-in user's. A token that cannot be a share link's is no link (not a database query)."""
     if share:
-        run = ShareLink.run_for_token(share)
-        if run is None or run.pk != run_id:
+        link = None
+        if run_id and len(share) <= MAX_SHARE_TOKEN and "\x00" not in share:
+            link = ShareLink.objects.select_related("run__project__team").filter(token=share, revoked_at=None).first()
+        if link is None or link.run_id != run_id:
             raise NotFound(f"run {run_id} not found")
-        return run
-    return run_for(user, run_id)
+        return link.run, share_group(link.pk)
+    if run_id is None or getattr(user, "pk", None) is None:
+        raise NotFound(f"run {run_id} not found")
+    return run_for(user, run_id), user_group(user.pk)
 
 
-class RunConsumer(_JsonSocket):
+def _may_still_see_run(user: Any, run_id: int, share: str) -> bool:
+    try:
+        _run_for_viewer(user, run_id, share)
+    except NotFound:
+        return False
+    return True
+
+
+def _may_still_see_project(user: Any, project_id: int) -> bool:
+    try:
+        project_for(user, project_id)
+    except NotFound:
+        return False
+    return True
+
+
+class _Revocable(_JsonSocket):
+    """A browser socket that closes with ``CLOSE_REVOKED`` once its access is taken away: a
+    revoked share link, a member removed from the team (``groups.recheck_access_on_commit``
+    sends ``access.check`` to the share link's or the user's group; the socket asks the
+    database again rather than trusting the message, so any change of access is caught)."""
+
+    async def may_still_see(self) -> bool:
+        raise NotImplementedError
+
+    async def access_check(self, message: dict[str, Any]) -> None:
+        try:
+            allowed = await self.may_still_see()
+        except DatabaseError:
+            await self.unavailable("re-checking a browser socket's access")
+            return
+        if not allowed:
+            await self.refuse(CLOSE_REVOKED, f"access revoked: {message.get('why') or 'you may no longer see this'}")
+
+
+class RunConsumer(_Revocable):
     """A browser following one run: replay after ``after_seq``, then live, no gap, no duplicate.
 
     The consumer joins the run's group before reading the database, and channel messages are
@@ -233,23 +397,33 @@ class RunConsumer(_JsonSocket):
     """
 
     async def connect(self) -> None:
-        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        run_id = _route_id(self.scope, "run_id")
+        self.run_id = run_id or int(self.scope["url_route"]["kwargs"]["run_id"])
         query = _query(self.scope)
-        try:
-            self.cursor = max(0, int(query.get("after_seq", "0") or 0))
-        except ValueError:
-            await self.refuse(CLOSE_BAD_MESSAGE, "after_seq must be an integer")
+        self.share = query.get("share", "")
+        after = query.get("after_seq", "0") or "0"
+        if not (after.isascii() and after.isdigit() and int(after) <= MAX_BIGINT):
+            await self.refuse(CLOSE_BAD_MESSAGE, "after_seq must be an integer in [0, 2^63)")
             return
+        self.cursor = int(after)
         try:
-            run = await database_sync_to_async(_run_for_viewer)(self.scope.get("user"), self.run_id, query.get("share", ""))
+            run, access_group = await database_sync_to_async(_run_for_viewer)(
+                self.scope.get("user"), run_id, self.share
+            )
+            await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
+            self.groups.append(run_group(self.run_id))
+            await self.channel_layer.group_add(access_group, self.channel_name)
+            self.groups.append(access_group)
+            await self.accept()
+            await self.send_message({**status_message(run), "type": "hello"})
+            await self._catch_up(run.last_seq)
         except NotFound as exc:
             await self.refuse(CLOSE_NOT_FOUND, str(exc))
-            return
-        await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
-        self.groups.append(run_group(self.run_id))
-        await self.accept()
-        await self.send_message({**status_message(run), "type": "hello"})
-        await self._catch_up(run.last_seq)
+        except DatabaseError:
+            await self.unavailable(f"run socket of run {self.run_id}")
+
+    async def may_still_see(self) -> bool:
+        return await database_sync_to_async(_may_still_see_run)(self.scope.get("user"), self.run_id, self.share)
 
     async def _catch_up(self, upto_seq: int) -> None:
         if upto_seq <= self.cursor:
@@ -263,8 +437,14 @@ class RunConsumer(_JsonSocket):
         self.cursor = upto_seq
 
     async def run_events(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            return
         if message["from_seq"] > self.cursor + 1:
-            await self._catch_up(message["from_seq"] - 1)
+            try:
+                await self._catch_up(message["from_seq"] - 1)
+            except DatabaseError:
+                await self.unavailable(f"catching up run {self.run_id}")
+                return
         if message["last_seq"] <= self.cursor:
             return
         fresh = [e for e in message["events"] if e["seq"] > self.cursor]
@@ -276,27 +456,44 @@ class RunConsumer(_JsonSocket):
         # later message would reveal the hole). Only then: a status change is announced as its
         # batch commits, before that batch's events message, which would lose its status
         # events (not stored as rows, so not replayable) to a catch-up here.
+        if self.closed:
+            return
         if RunStatus(message["status"]).is_final:
-            await self._catch_up(message.get("last_seq", 0))
+            try:
+                await self._catch_up(message.get("last_seq", 0))
+            except DatabaseError:
+                await self.unavailable(f"catching up run {self.run_id}")
+                return
         await self.send_message({**message, "type": "status"})
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """Browsers only listen; anything they send is ignored."""
 
 
-class ProjectConsumer(_JsonSocket):
+class ProjectConsumer(_Revocable):
     """Status changes of a project's runs, for the runs table."""
 
     async def connect(self) -> None:
-        project_id = int(self.scope["url_route"]["kwargs"]["project_id"])
+        project_id = _route_id(self.scope, "project_id")
+        self.project_id = project_id or 0
+        user = self.scope.get("user")
         try:
-            await database_sync_to_async(project_for)(self.scope.get("user"), project_id)
+            if project_id is None or getattr(user, "pk", None) is None:
+                raise NotFound(f"project {self.scope['url_route']['kwargs']['project_id']} not found")
+            await database_sync_to_async(project_for)(user, project_id)
         except NotFound as exc:
             await self.refuse(CLOSE_NOT_FOUND, str(exc))
             return
-        await self.channel_layer.group_add(project_group(project_id), self.channel_name)
-        self.groups.append(project_group(project_id))
+        except DatabaseError:
+            await self.unavailable(f"project socket of project {project_id}")
+            return
+        for group in (project_group(project_id), user_group(user.pk)):
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups.append(group)
         await self.accept()
+
+    async def may_still_see(self) -> bool:
+        return await database_sync_to_async(_may_still_see_project)(self.scope.get("user"), self.project_id)
 
     async def run_status(self, message: dict[str, Any]) -> None:
         await self.send_message({**message, "type": "status"})

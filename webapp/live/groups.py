@@ -3,6 +3,8 @@
 - ``run.<id>``: browsers watching one run (events as they are stored, status changes).
 - ``project.<id>``: browsers on a project's runs table (status changes of its runs).
 - ``ingest.<id>``: the worker socket shipping one run (``cancel``).
+- ``share.<link id>``, ``user.<id>``: browser sockets opened with a share link, or by a
+  signed-in user: told to check their access again when it may have been taken away.
 
 Only the web process sends to groups (DESIGN.md: the in-memory layer of embedded mode does not
 cross processes). A send that fails (the Redis layer is down) is logged, never raised: the
@@ -30,6 +32,16 @@ def project_group(project_id: int) -> str:
 
 def ingest_group(run_id: int) -> str:
     return f"ingest.{run_id}"
+
+
+def share_group(link_id: int) -> str:
+    """Browser sockets opened with one share link (closed when it is revoked)."""
+    return f"share.{link_id}"
+
+
+def user_group(user_id: int) -> str:
+    """A signed-in user's browser sockets (re-checked when their team memberships change)."""
+    return f"user.{user_id}"
 
 
 async def send_async(group: str, message: dict[str, Any]) -> None:
@@ -73,6 +85,19 @@ def announce_status(run_id: int) -> None:
     message = status_message(run)
     send(run_group(run.pk), message)
     send(project_group(run.project_id), message)
+
+
+ACCESS_CHECK = "access.check"
+
+
+def recheck_access_on_commit(group: str, why: str) -> None:
+    """Once the current transaction commits (at once outside one), tell the browser sockets in
+    ``group`` to check again whether they may still see what they show; those that may not
+    close with ``CLOSE_REVOKED`` (``webapp.live.consumers``). Revoking a share link or removing
+    a member thereby reaches sockets already open, not only new connections."""
+    from django.db import transaction
+
+    transaction.on_commit(lambda: send(group, {"type": ACCESS_CHECK, "why": why}))
 
 
 def tell_worker_to_cancel(run_id: int, message: str) -> None:

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
-from webapp.live.groups import announce_status
+from webapp.live.groups import announce_status, recheck_access_on_commit, share_group
 from webapp.runs.choices import FINAL_STATUSES, TRANSITIONS, LogLevel, ParentKind, RunStatus
 from webapp.teams.models import Project, Team
 
@@ -49,9 +49,30 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True, help_text="When the latest attempt started.")
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(
-        null=True, blank=True, help_text="Last time the worker was heard from."
+        null=True,
+        blank=True,
+        help_text="Last progress: an engine event stored (its heartbeats included) or the run claimed.",
+    )
+    worker_seen_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Last time the worker's socket spoke (connect, ping): liveness, not progress.",
     )
     worker_host = models.CharField(max_length=255, blank=True)
+    claim = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="The claim id of the supervisor that won the run's start: only it may start the engine.",
+    )
+    attempt = models.PositiveIntegerField(
+        default=0,
+        help_text="How many times the run was queued; only the current attempt's ingest token is accepted.",
+    )
+    final_seq = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Seq of the engine's final status event: ingest accepts no event after it.",
+    )
     queue = models.CharField(max_length=64, default="cpu")
 
     parent = models.ForeignKey(
@@ -69,6 +90,11 @@ class Run(models.Model):
         on_delete=models.SET_NULL,
         related_name="resumed_by",
         help_text="The parent's checkpoint this run starts from (a resume).",
+    )
+    resume_path = models.TextField(
+        blank=True,
+        help_text="Where the engine resumes from when not resume_from's own path (e.g. the parent's "
+        "checkpoint directory: the newest there); kept so a queue message can be sent again.",
     )
     cancel_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="A user asked to cancel; the worker is told on its socket."
@@ -257,6 +283,17 @@ class ShareLink(models.Model):
     @classmethod
     def create(cls, run: Run, user: object) -> ShareLink:
         return cls.objects.create(run=run, token=secrets.token_urlsafe(24), created_by=user)
+
+    @classmethod
+    def revoke(cls, run: Run, link_id: int) -> bool:
+        """Revoke the run's link ``link_id`` (False: the run has no such link). Sockets already
+        open with it close once the revocation commits, not only new connections."""
+        link = cls.objects.filter(pk=link_id, run=run).first()
+        if link is None:
+            return False
+        if cls.objects.filter(pk=link.pk, revoked_at=None).update(revoked_at=timezone.now()):
+            recheck_access_on_commit(share_group(link.pk), "the share link was revoked")
+        return True
 
     @classmethod
     def run_for_token(cls, token: str) -> Run | None:

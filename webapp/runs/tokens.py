@@ -1,15 +1,23 @@
 """Per-run ingest tokens: what a worker shows to ship one run's events.
 
-Signed with the web app's secret key (``django.core.signing``), scoped to one run id and
-expiring after ``settings.INGEST_TOKEN_MAX_AGE`` seconds. A worker needs no database
-credentials, only this token; the web app renews it over the open socket (``hello`` and
-some ``ack`` messages carry a fresh one), so a run longer than the lifetime keeps working.
+Signed with the web app's secret key (``django.core.signing``), scoped to one run id and one
+*attempt* of it, and expiring after ``settings.INGEST_TOKEN_MAX_AGE`` seconds. A worker needs
+no database credentials, only this token, sent in the ``Authorization: Bearer`` header (never
+in the URL: URLs land in access logs).
+
+A token dies with its attempt: ``start_attempt`` (called each time the run is queued) moves
+``Run.attempt`` on, so the token of an earlier attempt (a worker still holding a lost queue
+message, say) is refused. The web app renews the token over the open socket (``hello`` and
+some ``ack`` messages carry a fresh one), so a run longer than the lifetime keeps working,
+but never for a run in a final state: such a run's worker may only drain the tail of its
+attempt (``webapp.runs.ingest`` refuses anything after the engine's final status).
 """
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.core import signing
+from django.db import transaction
 
 from jobs.protocol import CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN
 
@@ -24,12 +32,32 @@ class TokenRejected(Exception):
         super().__init__(reason)
 
 
-def ingest_token(run_id: int) -> str:
-    return signing.TimestampSigner(salt=_SALT).sign_object({"run": int(run_id)})
+def ingest_token(run_id: int, attempt: int | None = None) -> str:
+    """A token for ``run_id``'s ``attempt`` (default: the run's current attempt, 0 if none)."""
+    if attempt is None:
+        from webapp.runs.models import Run
+
+        attempt = Run.objects.filter(pk=run_id).values_list("attempt", flat=True).first() or 0
+    return signing.TimestampSigner(salt=_SALT).sign_object({"run": int(run_id), "attempt": int(attempt)})
 
 
-def check_ingest_token(token: str, run_id: int) -> None:
-    """Raise ``TokenRejected`` unless ``token`` is a live token for ``run_id``."""
+def start_attempt(run_id: int) -> str:
+    """Begin a new attempt of the run (queued again: every older token stops working) and
+    return the token for it. The increment is one UPDATE, so two callers get two attempts."""
+    from django.db.models import F
+
+    from webapp.runs.models import Run
+
+    with transaction.atomic():
+        Run.objects.filter(pk=run_id).update(attempt=F("attempt") + 1)
+        attempt = Run.objects.filter(pk=run_id).values_list("attempt", flat=True).get()
+    return ingest_token(run_id, attempt)
+
+
+def check_ingest_token(token: str, run_id: int) -> int:
+    """The attempt ``token`` was signed for, or ``TokenRejected`` unless it is a live token
+    for ``run_id``. Whether that attempt is still the run's is the caller's check (it needs
+    the run row: ``webapp.runs.ingest.store_events`` and the ingest socket's ``connect``)."""
     if not token:
         raise TokenRejected(CLOSE_BAD_TOKEN, "no token: send the header Authorization: Bearer <the run's ingest token>")
     try:
@@ -41,7 +69,11 @@ def check_ingest_token(token: str, run_id: int) -> None:
             CLOSE_BAD_TOKEN,
             f"the token expired (older than {settings.INGEST_TOKEN_MAX_AGE} s): resume the run to get a new one",
         ) from None
-    except signing.BadSignature:
+    except (signing.BadSignature, ValueError):
         raise TokenRejected(CLOSE_BAD_TOKEN, "the token is not one this web app signed") from None
     if not isinstance(payload, dict) or payload.get("run") != int(run_id):
         raise TokenRejected(CLOSE_WRONG_RUN, f"the token is for another run, not run {run_id}")
+    attempt = payload.get("attempt", 0)  # tokens signed before attempts existed: attempt 0
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+        raise TokenRejected(CLOSE_BAD_TOKEN, "the token names no valid attempt of the run")
+    return attempt

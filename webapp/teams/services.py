@@ -1,10 +1,11 @@
-"""Team logic that spans models: creating a team with its first admin, adding members."""
+"""Team logic that spans models: creating a team with its first admin, adding and removing members."""
 
 from __future__ import annotations
 
 from django.db import transaction
 from django.utils.text import slugify
 
+from webapp.live.groups import recheck_access_on_commit, user_group
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Team
 
@@ -21,3 +22,11 @@ def set_role(team: Team, user: object, role: Role | str) -> Membership:
     """Add ``user`` to ``team`` with ``role``, or change the role of an existing member."""
     membership, _ = Membership.objects.update_or_create(team=team, user=user, defaults={"role": Role(role)})
     return membership
+
+
+def remove_member(membership: Membership) -> None:
+    """Remove a member from the team. The user's browser sockets already open (a run page, a
+    runs table of the team) close once the removal commits, not only new connections."""
+    user_id = membership.user_id
+    membership.delete()
+    recheck_access_on_commit(user_group(user_id), "you were removed from the team")

@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from django.http import HttpRequest, StreamingHttpResponse
-from django.utils import timezone
 from ninja import Router, Status
 
 from webapp.api import queries
-from webapp.api.routers import WRITE
+from webapp.api.routers import BAD, WRITE, Id
 from webapp.api.routers.data import (
     AFTER_STEP,
     CSV_DOC,
@@ -28,6 +27,7 @@ from webapp.api.routers.data import (
     STEP,
     X_AXIS,
     SampleSort,
+    is_asgi,
     series_response,
 )
 from webapp.api.schemas import (
@@ -38,6 +38,7 @@ from webapp.api.schemas import (
     SampleStepOut,
     SeriesSetOut,
     ShareOut,
+    ValidationErrorOut,
 )
 from webapp.runs.models import Run, ShareLink
 from webapp.teams.access import NotFound, run_for
@@ -46,13 +47,14 @@ from webapp.teams.choices import Role
 router = Router(tags=["share links"])
 public_router = Router(tags=["shared (no login)"], auth=None)
 
-PUBLIC: dict[int, Any] = {404: ErrorOut}
+# No login: no 401/403. A malformed token or parameter is a 400/422 as anywhere else.
+PUBLIC: dict[int, Any] = {**BAD, 404: ErrorOut, 422: ValidationErrorOut}
 
 
 @router.get(
     "/runs/{run_id}/shares", response={200: list[ShareOut], **WRITE}, summary="A run's share links (member)"
 )
-def list_shares(request: HttpRequest, run_id: int) -> list[dict[str, Any]]:
+def list_shares(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
     """Active and revoked links, newest first (member: a token is as good as a read-only login)."""
     run = run_for(request.auth, run_id, Role.MEMBER)
     return [queries.share_out(s) for s in run.share_links.select_related("created_by")]
@@ -61,7 +63,7 @@ def list_shares(request: HttpRequest, run_id: int) -> list[dict[str, Any]]:
 @router.post(
     "/runs/{run_id}/shares", response={201: ShareOut, **WRITE}, summary="Create a share link (member)"
 )
-def create_share(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
+def create_share(request: HttpRequest, run_id: Id) -> Status[dict[str, Any]]:
     run = run_for(request.auth, run_id, Role.MEMBER)
     return Status(201, queries.share_out(ShareLink.create(run, request.auth)))
 
@@ -69,14 +71,11 @@ def create_share(request: HttpRequest, run_id: int) -> Status[dict[str, Any]]:
 @router.delete(
     "/runs/{run_id}/shares/{share_id}", response={204: None, **WRITE}, summary="Revoke a share link (member)"
 )
-def revoke_share(request: HttpRequest, run_id: int, share_id: int) -> Status[None]:
+def revoke_share(request: HttpRequest, run_id: Id, share_id: Id) -> Status[None]:
     """The link stops working at once; it stays listed as revoked."""
     run = run_for(request.auth, run_id, Role.MEMBER)
-    link = ShareLink.objects.filter(pk=share_id, run=run).first()
-    if link is None:
+    if not ShareLink.revoke(run, share_id):  # open sockets of the link close too
         raise NotFound(f"run {run.pk} has no share link {share_id}")
-    if link.revoked_at is None:
-        ShareLink.objects.filter(pk=link.pk, revoked_at=None).update(revoked_at=timezone.now())
     return Status(204, None)
 
 
@@ -125,7 +124,9 @@ def shared_csv(
     format: Literal["wide", "long"] = CSV_FORMAT,
     names: list[str] | None = NAMES,
 ) -> StreamingHttpResponse:
-    return queries.metrics_csv(_shared(token), queries.split_names(names), format)
+    return queries.metrics_csv(
+        _shared(token), queries.split_names(names), format, asynchronous=is_asgi(request)
+    )
 
 
 @public_router.get("/shared/{token}/samples", response={200: SamplePage, **PUBLIC}, summary="Shared: samples")

@@ -13,11 +13,11 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
 from django.shortcuts import redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from webapp.api import queries
 from webapp.api.schemas import clean_tags
+from webapp.inputs import parse_id
 from webapp.pages.runs import compare as compare_helpers
 from webapp.pages.runs.display import config_yaml, log_tail, page_data
 from webapp.runs.launch import CannotResume, RunConfigInvalid, request_cancel, resume_run
@@ -144,7 +144,7 @@ def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
     checkpoint = None
     raw = (request.POST.get("checkpoint") or "").strip()
     if raw and raw != "latest":
-        checkpoint = Checkpoint.objects.filter(pk=int(raw) if raw.isdigit() else -1, run=run).first()
+        checkpoint = Checkpoint.objects.filter(pk=parse_id(raw) or -1, run=run).first()
         if checkpoint is None:
             messages.error(request, f"Run {run.pk} has no checkpoint {raw}: choose one from the list.")
             return _go(request, f"/runs/{run.pk}/")
@@ -219,9 +219,8 @@ def share_revoke(request: HttpRequest, run_id: int, share_id: int) -> HttpRespon
     run = _member_run(request, run_id)
     if isinstance(run, HttpResponse):
         return run
-    if not ShareLink.objects.filter(pk=share_id, run=run).exists():
+    if not ShareLink.revoke(run, share_id):  # open sockets of the link close too
         raise Http404(f"run {run.pk} has no share link {share_id}")
-    ShareLink.objects.filter(pk=share_id, run=run, revoked_at=None).update(revoked_at=timezone.now())
     if not _is_htmx(request):
         return redirect(f"/runs/{run.pk}/#shares")
     return _shares_fragment(request, run)

@@ -23,6 +23,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from webapp.api import queries
+from webapp.inputs import parse_id
 from webapp.pages.teams import sparkline
 from webapp.pages.teams.forms import (
     DEFAULT_SORT,
@@ -38,7 +39,7 @@ from webapp.runs.models import InvalidTransition, Run
 from webapp.teams import access
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Project, Team
-from webapp.teams.services import set_role
+from webapp.teams.services import remove_member, set_role
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def _change(team: Team, user_id: int, new_role: Role | None) -> Membership:
                 f"{membership.user.get_username()} is the team's last admin: make someone else admin first."
             )
         if new_role is None:
-            membership.delete()
+            remove_member(membership)
         else:
             membership.role = new_role
             membership.save(update_fields=["role"])
@@ -391,10 +392,11 @@ def _selected_ids(request: HttpRequest) -> tuple[list[int], list[str]]:
             part = part.strip()
             if not part:
                 continue
-            if part.isdigit() and int(part) not in ids:
-                ids.append(int(part))
-            elif not part.isdigit():
+            value = parse_id(part)
+            if value is None:
                 bad.append(part)
+            elif value not in ids:
+                ids.append(value)
     return ids, bad
 
 

@@ -4,7 +4,7 @@
 "use strict";
 
 (function () {
-  const FATAL_CODES = new Set([4404, 4400]); // no such run / not yours to see: do not retry
+  const FATAL_CODES = new Set([4404, 4403, 4400]); // no such run / access revoked / not yours to see: do not retry
 
   class LiveClient {
     // path: "/ws/runs/<id>/"; afterSeq: where the history (HTTP) ended; share: a share token or "";

@@ -1,0 +1,295 @@
+"""The ingest socket under issue 13: tokens that die with their attempt, the tail of a final
+run, quarantine, a database that is down, and fuzzing of every socket's receive path.
+
+Real sockets through ``webapp.asgi.application`` and the configured channel layer (in-memory
+on the SQLite pass, Redis on the PostgreSQL pass)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django import db
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobs.protocol import (
+    CLOSE_BAD_EVENT,
+    CLOSE_BAD_MESSAGE,
+    CLOSE_BAD_TOKEN,
+    CLOSE_NO_RUN,
+    CLOSE_RUN_OVER,
+    CLOSE_TOO_BIG,
+    CLOSE_WRONG_RUN,
+)
+from tests.webapp.event_builders import T0, a_run_of, metrics, status
+from tests.webapp.test_live import TIMEOUT, closed_with, connections, ingest, watch  # noqa: F401 - fixtures
+from webapp.asgi import application
+from webapp.live.consumers import CLOSE_NOT_FOUND, CLOSE_UNAVAILABLE
+from webapp.runs.choices import RunStatus
+from webapp.runs.models import LogLine, MetricPoint, Run
+from webapp.runs.tokens import ingest_token, start_attempt
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+INGEST_CODES = {CLOSE_BAD_MESSAGE, CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_RUN_OVER, CLOSE_TOO_BIG, CLOSE_BAD_EVENT}
+
+
+async def _open(run_id: int, token: str) -> tuple[WebsocketCommunicator, dict[str, Any] | None, int | None]:
+    """Connect with ``token`` in the header: (socket, hello or None, close code or None)."""
+    comm = WebsocketCommunicator(
+        application, f"/ws/ingest/{run_id}/", headers=[(b"authorization", f"Bearer {token}".encode())]
+    )
+    await comm.connect(timeout=TIMEOUT)
+    first = await comm.receive_output(timeout=TIMEOUT)
+    if first["type"] == "websocket.close":
+        return comm, None, first.get("code")
+    message = json.loads(first["text"])
+    if message["type"] == "error":
+        return comm, None, (await comm.receive_output(timeout=TIMEOUT)).get("code")
+    return comm, message, None
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+async def test_a_token_dies_with_its_attempt(connections, run) -> None:  # noqa: F811
+    """Queueing the run again (a new attempt) refuses the old token at connect, and on the open
+    socket of the old attempt at its next batch."""
+    old = await sync_to_async(start_attempt)(run.pk)
+    comm, hello, _ = await _open(run.pk, old)
+    connections.append(comm)
+    assert hello is not None
+    new = await sync_to_async(start_attempt)(run.pk)
+
+    await comm.send_json_to({"type": "events", "events": [metrics(1, 1, loss=1.0)]})
+    code, message = await closed_with(comm)
+    assert code == CLOSE_BAD_TOKEN and "token is for attempt 1" in message and "(attempt 2)" in message
+    late, hello, code = await _open(run.pk, old)
+    connections.append(late)
+    assert (hello, code) == (None, CLOSE_BAD_TOKEN)
+
+    current, hello, _ = await _open(run.pk, new)
+    connections.append(current)
+    await current.send_json_to({"type": "events", "events": [metrics(1, 1, loss=1.0)]})
+    assert (await current.receive_json_from(timeout=TIMEOUT))["seq"] == 1
+
+
+async def test_a_final_run_drains_its_tail_and_takes_nothing_after(connections, run, settings) -> None:  # noqa: F811
+    """The worker ships the last events (the final status among them) and a reconnect still
+    gets its hello and acks for resent events, but no renewed token; a forged late metric from
+    the same token is refused and not stored."""
+    token = await sync_to_async(start_attempt)(run.pk)
+    comm, hello, _ = await _open(run.pk, token)
+    connections.append(comm)
+    assert hello["token"]
+    settings.INGEST_TOKEN_MAX_AGE = 0  # every ack of a live run now carries a fresh token
+    await comm.send_json_to({"type": "attach", "host": "cpu-1"})
+    events = [*a_run_of(2)[:7], status(8, "succeeded", "done")]
+    await comm.send_json_to({"type": "events", "events": events[:4]})
+    first = await comm.receive_json_from(timeout=TIMEOUT)
+    assert first["seq"] == 4 and first.get("token")
+    forged_in_batch = metrics(9, 9999, **{"reward/mean": 99.0})
+    await comm.send_json_to({"type": "events", "events": [*events[4:], forged_in_batch]})
+    last = await comm.receive_json_from(timeout=TIMEOUT)
+    assert last == {"type": "ack", "seq": 8}  # the tail is stored; nothing renewed, nothing after
+    stored = await sync_to_async(Run.objects.get)(pk=run.pk)
+    assert (stored.status, stored.last_seq, stored.final_seq) == (RunStatus.SUCCEEDED, 8, 8)
+
+    settings.INGEST_TOKEN_MAX_AGE = 3600
+    again, hello, _ = await _open(run.pk, token)  # the worker reconnects after a lost ack
+    connections.append(again)
+    assert (hello["status"], hello["last_seq"], "token" in hello) == ("succeeded", 8, False)
+    await again.send_json_to({"type": "events", "events": events[6:]})  # a resend of the tail
+    assert await again.receive_json_from(timeout=TIMEOUT) == {"type": "ack", "seq": 8}
+    await again.send_json_to({"type": "events", "events": [forged_in_batch]})
+    code, message = await closed_with(again)
+    assert code == CLOSE_RUN_OVER and "final status was event 8" in message
+    assert not await sync_to_async(MetricPoint.objects.filter(run=run, step=9999).exists)()
+
+
+# --------------------------------------------------------------------------- quarantine
+
+
+async def test_a_bad_event_is_quarantined_acked_and_shown(connections, ingest, watch, run, member) -> None:  # noqa: F811
+    browser = await watch(f"/ws/runs/{run.pk}/", member)
+    await browser.receive_json_from(timeout=TIMEOUT)
+    comm, _ = await ingest(run.pk)
+    bad = {"run": "r", "seq": 2, "type": "metrics", "step": -1, "time": T0, "values": {}}
+    await comm.send_json_to({"type": "events", "events": [metrics(1, 1, loss=1.0), bad, metrics(3, 2, loss=0.5)]})
+    assert await comm.receive_json_from(timeout=TIMEOUT) == {"type": "ack", "seq": 3, "quarantined": [2]}
+    seen: list[dict[str, Any]] = []
+    while not seen or seen[-1]["seq"] < 3:
+        message = await browser.receive_json_from(timeout=TIMEOUT)
+        seen.extend(message.get("events", []))
+    assert [(e["seq"], e["type"]) for e in seen] == [(1, "metrics"), (2, "log"), (3, "metrics")]
+    assert seen[1]["level"] == "error" and "event 2 (metrics) was quarantined" in seen[1]["message"]
+    assert await sync_to_async(LogLine.objects.filter(run=run, seq=2, level="error").exists)()
+
+
+async def test_a_database_that_is_down_closes_1011_and_quarantines_nothing(connections, ingest, run, on_postgres) -> None:  # noqa: F811
+    """The ingest's database connection dies mid-batch (its PostgreSQL backend is terminated, as
+    in a server restart): the socket closes with 1011 so the worker resends, nothing is
+    quarantined, and the resend on a new connection stores the batch.
+
+    To hit the ingest's own connection and no other, the test holds the run's row lock: the
+    ingest's ``SELECT ... FOR UPDATE`` waits for it, and the backend seen waiting is the one
+    terminated."""
+    if not on_postgres:
+        pytest.skip("terminating the ingest's own database connection needs PostgreSQL")
+    import threading
+
+    from django.db import transaction
+
+    comm, _ = await ingest(run.pk)
+    batch = {"type": "events", "events": [metrics(1, 1, loss=1.0), metrics(2, 2, loss=0.5)]}
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_run_row() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(pk=run.pk)
+                locked.set()
+                release.wait(60)
+        finally:
+            db.connections.close_all()
+
+    holder = threading.Thread(target=hold_the_run_row)
+    holder.start()
+    assert await sync_to_async(locked.wait)(30)
+
+    def terminate_the_waiting_ingest() -> int:
+        import time
+
+        for _ in range(600):
+            with db.connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                )
+                killed = len(cursor.fetchall())
+            if killed:
+                db.connections.close_all()
+                return killed
+            time.sleep(0.05)
+        db.connections.close_all()
+        return 0
+
+    try:
+        await comm.send_json_to(batch)
+        # Another thread than the consumers' (thread-sensitive) one, which waits on the lock.
+        assert await sync_to_async(terminate_the_waiting_ingest, thread_sensitive=False)() == 1
+        output = await comm.receive_output(timeout=TIMEOUT)
+        assert (output["type"], output.get("code")) == ("websocket.close", CLOSE_UNAVAILABLE), output
+    finally:
+        release.set()
+        await sync_to_async(holder.join)(30)
+    assert not await sync_to_async(LogLine.objects.filter(run=run).exists)()
+    assert (await sync_to_async(Run.objects.get)(pk=run.pk)).last_seq == 0
+
+    retry, hello = await ingest(run.pk)
+    assert hello["last_seq"] == 0
+    await retry.send_json_to(batch)
+    assert (await retry.receive_json_from(timeout=TIMEOUT))["seq"] == 2
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_event = st.fixed_dictionaries(
+    {"seq": st.integers(min_value=-2, max_value=2**64) | _json, "type": st.sampled_from(["status", "metrics", "samples", "checkpoint", "log", "heartbeat"]) | _json},
+    optional={
+        "state": st.sampled_from(["starting", "running", "succeeded"]) | _json,
+        "step": st.integers(min_value=-1, max_value=2**40) | _json,
+        "time": st.floats() | _json,
+        "values": st.dictionaries(st.text(max_size=6), st.floats() | _json, max_size=3) | _json,
+        "items": st.lists(st.dictionaries(st.sampled_from(["prompt", "completion", "reward", "length", "extra"]), _json), max_size=2) | _json,
+        "level": st.sampled_from(["info", "error"]) | _json,
+        "message": st.text() | _json,
+        "path": st.text() | _json,
+        "bytes": st.integers() | _json,
+    },
+)
+_message = (
+    st.fixed_dictionaries({"type": st.just("events"), "events": st.lists(_event, max_size=4) | _json})
+    | st.fixed_dictionaries({"type": st.sampled_from(["ping", "attach", "events", "other"])}, optional={"host": _json, "claim": _json, "pid": _json})
+    | _json
+)
+_fuzz = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+async def _answer_or_protocol_close(comm: WebsocketCommunicator) -> None:
+    """After a message: either the socket still answers (an empty batch gets its ack), or it
+    was closed with one of the protocol's codes. An exception in the consumer would surface
+    here (the communicator re-raises it)."""
+    await comm.send_json_to({"type": "events", "events": []})
+    while True:
+        output = await comm.receive_output(timeout=TIMEOUT)
+        if output["type"] == "websocket.close":
+            assert output.get("code") in INGEST_CODES, output
+            return
+        message = json.loads(output["text"])
+        if message["type"] == "ack" and not message.get("resend"):
+            return
+
+
+@_fuzz
+@given(payload=_message | st.binary(min_size=1, max_size=64).map(lambda b: ("bytes", b)) | st.text(min_size=1, max_size=64).map(lambda t: ("text", t)))
+async def test_fuzz_the_ingest_socket(run, payload) -> None:
+    token = await sync_to_async(ingest_token)(run.pk)
+    comm, hello, code = await _open(run.pk, token)
+    try:
+        assert hello is not None, code
+        if isinstance(payload, tuple) and payload[0] == "bytes":
+            await comm.send_to(bytes_data=payload[1])
+        elif isinstance(payload, tuple):
+            await comm.send_to(text_data=payload[1])
+        else:
+            await comm.send_to(text_data=json.dumps(payload))
+        await _answer_or_protocol_close(comm)
+    finally:
+        await comm.disconnect()
+        await database_sync_to_async(db.connections.close_all)()
+
+
+@_fuzz
+@given(after=st.text(max_size=30), share=st.text(max_size=80), run_id=st.integers(min_value=1, max_value=10**30), message=_json)
+async def test_fuzz_the_browser_sockets(run, project, member, after, share, run_id, message) -> None:
+    from urllib.parse import urlencode
+
+    from tests.webapp.test_live import ORIGIN, _cookie_for
+
+    cookie = await sync_to_async(_cookie_for)(member)
+    for path in (
+        f"/ws/runs/{run.pk}/?{urlencode({'after_seq': after, 'share': share})}",
+        f"/ws/runs/{run_id}/?{urlencode({'share': share})}",
+        f"/ws/projects/{run_id}/",
+        f"/ws/projects/{project.pk}/",
+    ):
+        comm = WebsocketCommunicator(application, path, headers=[ORIGIN, cookie])
+        try:
+            connected, _ = await comm.connect(timeout=TIMEOUT)
+            assert connected
+            await comm.send_to(text_data=json.dumps(message))  # browsers only listen: ignored
+            if path.startswith("/ws/runs/"):
+                output = await comm.receive_output(timeout=TIMEOUT)
+                if output["type"] != "websocket.close":
+                    kind = json.loads(output["text"])["type"]
+                    assert kind in ("hello", "error"), output
+                    if kind == "error":
+                        output = await comm.receive_output(timeout=TIMEOUT)
+                if output["type"] == "websocket.close":
+                    assert output.get("code") in (CLOSE_BAD_MESSAGE, CLOSE_NOT_FOUND), output
+            else:
+                assert await comm.receive_nothing(timeout=0.05) or True
+        finally:
+            await comm.disconnect()
+    await database_sync_to_async(db.connections.close_all)()

@@ -1,0 +1,463 @@
+"""Storing the engine's events: validation, storable text, quarantine (``store_events``).
+
+Shipping is at-least-once (DESIGN.md), so storing is idempotent: events at or below the run's
+cursor (``Run.last_seq``) are skipped, the rest are stored in one transaction and the cursor
+moves to the highest stored seq, which is what the ingest socket acknowledges.
+
+One bad event must not stall a run (issue 13): the cursor can only move forward in order, so
+an event that cannot be stored would otherwise block every later one, and the worker would
+resend it forever. Hence three layers, each keeping the seq chain whole:
+
+1. Text the database cannot hold (NUL, lone surrogates) is replaced by U+FFFD everywhere
+   (text fields, metric names, JSON keys and values at any depth; ``engine.events.clean``,
+   the same function the engine's ``EventSink`` writes through), and JSON nested deeper than
+   ``engine.events.MAX_DEPTH`` is cut with a visible mark.
+2. An event with a usable ``seq`` that breaks the protocol (a missing field, a negative step)
+   is *quarantined*: a ``LogLine`` at level error takes its seq and says what was wrong, on the
+   run's Logs tab; the batch goes on.
+3. A batch the database refuses for its data (class 22/23/54 errors: a value out of range, a
+   constraint) is retried event by event, each in a savepoint; the events that still fail
+   are quarantined with the database's error. A database that is *down* (connection errors,
+   timeouts, anything else) raises ``DatabaseError`` unchanged, so the socket closes with 1011
+   and the worker resends later: nothing is quarantined because the database was unreachable.
+
+Only an event without a usable seq (not an object, no integer ``seq``) refuses the whole batch
+(``InvalidEvent``): the cursor cannot move past an event it cannot place.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import DatabaseError, DataError, IntegrityError, transaction
+from django.utils import timezone
+
+from engine.events import EVENT_TYPES, clean, clean_text
+from jobs.protocol import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER
+from webapp.runs.bulk import PointRow, insert_metric_points
+from webapp.runs.choices import LogLevel, RunStatus
+from webapp.runs.models import Checkpoint, LogLine, Run, Sample
+from webapp.runs.tokens import TokenRejected
+
+log = logging.getLogger(__name__)
+
+ENGINE_STATES = ("starting", "running", "succeeded", "failed", "cancelled")
+ENGINE_FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+MAX_NAME = 200
+MAX_INT = 2**31 - 1  # integer columns (step, length)
+MAX_BIGINT = 2**63 - 1  # bigint columns (seq, bytes)
+MAX_TEXT = 1_000_000  # characters of one text field; a message is at most 4 MiB anyway
+# SQLSTATE classes that mean "this data cannot be stored", not "the database is unavailable":
+# 22 data exception, 23 integrity constraint violation, 54 program limit exceeded.
+POISON_SQLSTATE_CLASSES = ("22", "23", "54")
+
+
+class InvalidEvent(ValueError):
+    """An event that does not follow the protocol (``seq`` and ``field`` say where)."""
+
+    def __init__(self, seq: object, field: str, problem: str) -> None:
+        self.seq, self.field = seq, field
+        super().__init__(f"event seq {seq}: field {field!r} {problem}")
+
+
+class SeqGap(InvalidEvent):
+    """The batch does not continue the stored events; resend from ``expected``."""
+
+    def __init__(self, seq: int, expected: int) -> None:
+        self.expected = expected
+        super().__init__(
+            seq,
+            "seq",
+            f"leaves a gap: the run has every event up to {expected - 1}, so the next one must be "
+            f"{expected}; resend from seq {expected}",
+        )
+
+
+class IngestClosed(TokenRejected):
+    """The run's engine reported its final status at ``final_seq``: nothing after it is taken."""
+
+    def __init__(self, run_id: int, final_seq: int, status: str) -> None:
+        self.final_seq = final_seq
+        super().__init__(
+            CLOSE_RUN_OVER,
+            f"run {run_id} is {status}: its engine's final status was event {final_seq}, and no "
+            f"event after it is accepted; launch or resume a run to record more",
+        )
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What one ingest call stored: the cursor before and after, and the new events (as
+    validated, JSON-ready) for the live fan-out; ``quarantined`` lists the seqs replaced by an
+    error log line."""
+
+    previous_seq: int
+    last_seq: int
+    events: list[dict[str, Any]]
+    quarantined: tuple[int, ...] = ()
+    final: bool = False  # the run is in a final state after this batch: its token is not renewed
+
+
+def store_events(run_id: int, events: Iterable[Mapping[str, Any]], *, attempt: int | None = None) -> Stored:
+    """Store a batch of engine events for run ``run_id`` idempotently.
+
+    The batch may arrive out of order, repeat events already stored, or overlap an earlier
+    batch. An event without a usable seq raises ``InvalidEvent`` and nothing is written; any
+    other bad event is quarantined (see the module docstring). The new events must continue
+    the stored ones without a gap (``last_seq + 1, + 2, ...``), else ``SeqGap`` says from which
+    seq to resend, so a missing event can never be skipped past. A status event moves the run
+    through its state machine; one the machine refuses (``running`` for a run already
+    cancelled) is kept as a warning log line. The engine's final status closes the attempt:
+    later events raise ``IngestClosed``.
+
+    ``attempt`` (from the ingest token) must be the run's current attempt, else
+    ``TokenRejected``: a worker of an attempt the run has moved past writes nothing.
+    """
+    batch = _validated(events)
+    with transaction.atomic():
+        # The row lock serialises two connections ingesting the same run (no-op on SQLite,
+        # where IMMEDIATE transactions already serialise writers).
+        locked = Run.objects.select_for_update().get(pk=run_id)
+        if attempt is not None and attempt != locked.attempt:
+            raise TokenRejected(CLOSE_BAD_TOKEN, stale_attempt_reason(run_id, attempt, locked.attempt))
+        previous = locked.last_seq
+        fresh = [e for e in batch if e["seq"] > previous]
+        if fresh and locked.final_seq is not None and fresh[0]["seq"] > locked.final_seq:
+            raise IngestClosed(run_id, locked.final_seq, str(locked.status))
+        fresh = _through_final_status(fresh)
+        if fresh:
+            _check_contiguous(previous, fresh)
+            fresh = _store_or_quarantine(locked, fresh)
+    quarantined = tuple(e["seq"] for e in fresh if e.get("quarantined"))
+    return Stored(
+        previous,
+        fresh[-1]["seq"] if fresh else previous,
+        [_public(e) for e in fresh],
+        quarantined,
+        RunStatus(locked.status).is_final,
+    )
+
+
+def stale_attempt_reason(run_id: int, attempt: int, current: int) -> str:
+    return (
+        f"the token is for attempt {attempt} of run {run_id}, but the run was queued again "
+        f"(attempt {current}): only the worker of the current attempt may ship its events"
+    )
+
+
+def _through_final_status(fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events up to the engine's first final status: the engine writes nothing after it,
+    so what follows is not the attempt's and is not stored (the next batch is refused)."""
+    for i, event in enumerate(fresh):
+        if event["type"] == "status" and event["state"] in ENGINE_FINAL_STATES:
+            return fresh[: i + 1]
+    return fresh
+
+
+def _public(event: dict[str, Any]) -> dict[str, Any]:
+    """A validated event as JSON for browsers (times as Unix seconds)."""
+    out = {k: v for k, v in event.items() if k != "quarantined"}
+    if isinstance(out.get("time"), datetime):
+        out["time"] = out["time"].timestamp()
+    return out
+
+
+# --- validation ------------------------------------------------------------------------
+
+
+def _validated(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    by_seq: dict[int, dict[str, Any]] = {}
+    for position, event in enumerate(events):
+        if not isinstance(event, Mapping):
+            raise InvalidEvent(
+                f"? (item {position})", "event", f"must be a JSON object, got {type(event).__name__}"
+            )
+        seq = event.get("seq")
+        if not _is_int(seq) or not 1 <= seq <= MAX_BIGINT:
+            raise InvalidEvent(f"? (item {position})", "seq", f"must be an integer in [1, 2^63), got {seq!r}")
+        try:
+            checked = _check_event(seq, event)
+        except InvalidEvent as exc:
+            checked = quarantine(seq, event.get("type"), f"it breaks the event protocol: {exc}")
+        # A repeated seq inside one batch is the same event sent twice: keep one.
+        by_seq.setdefault(seq, checked)
+    return [by_seq[s] for s in sorted(by_seq)]
+
+
+def quarantine(seq: int, kind: object, why: str) -> dict[str, Any]:
+    """The ``log`` event (level error) that takes the place of event ``seq`` which cannot be
+    stored: the cursor moves past it, and the run's Logs tab says what was lost and why."""
+    kind_text = clean_text(kind)[:40] if isinstance(kind, str) else "?"
+    message = (
+        f"event {seq} ({kind_text}) was quarantined, not stored: {clean_text(why)[:2000]}. "
+        f"The worker's event log (events.jsonl in the run's directory) still holds it."
+    )
+    log.warning("event %s (%s) quarantined: %s", seq, kind_text, why)
+    return {
+        "seq": seq,
+        "type": "log",
+        "level": LogLevel.ERROR.value,
+        "message": message,
+        "quarantined": True,
+    }
+
+
+def _check_event(seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
+    kind = event.get("type")
+    if kind not in EVENT_TYPES:
+        shown = clean(kind) if isinstance(kind, str) else kind
+        raise InvalidEvent(seq, "type", f"is {shown!r}; known types: {', '.join(EVENT_TYPES)}")
+    out: dict[str, Any] = {"seq": seq, "type": kind}
+    if kind == "status":
+        state = _require(seq, event, "state")
+        if state not in ENGINE_STATES:
+            raise InvalidEvent(seq, "state", f"is {_shown(state)}; known states: {', '.join(ENGINE_STATES)}")
+        out.update(state=state, message=_text(seq, event, "message", required=False))
+    elif kind == "metrics":
+        out.update(step=_step(seq, event), time=_time(seq, event))
+        values = _require(seq, event, "values")
+        if not isinstance(values, Mapping):
+            raise InvalidEvent(seq, "values", "must be an object {name: number}")
+        clean_values: dict[str, float] = {}
+        for raw_name, value in values.items():
+            name = clean_text(raw_name) if isinstance(raw_name, str) else raw_name
+            if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+                raise InvalidEvent(
+                    seq, "values", f"has a bad metric name {_shown(name)} (1-{MAX_NAME} characters)"
+                )
+            # The engine sends a non-finite metric as null (JSON has no NaN): nothing to plot.
+            if value is None:
+                continue
+            clean_values[name] = _finite(seq, f"values.{name}", value)
+        out["values"] = clean_values
+    elif kind == "samples":
+        out["step"] = _step(seq, event)
+        items = _require(seq, event, "items")
+        if not isinstance(items, list):
+            raise InvalidEvent(seq, "items", "must be a list of samples")
+        out["items"] = [_sample(seq, f"items[{i}]", item) for i, item in enumerate(items)]
+    elif kind == "checkpoint":
+        out.update(step=_step(seq, event), path=_text(seq, event, "path"))
+        size = _require(seq, event, "bytes")
+        if not _is_int(size) or not 0 <= size <= MAX_BIGINT:
+            raise InvalidEvent(seq, "bytes", f"must be an integer in [0, 2^63), got {_shown(size)}")
+        out["bytes"] = size
+    elif kind == "log":
+        level = _text(seq, event, "level").lower()
+        if level not in LogLevel.values:
+            raise InvalidEvent(seq, "level", f"is {level!r}; known levels: {', '.join(LogLevel.values)}")
+        out.update(level=level, message=_text(seq, event, "message", required=False))
+    else:  # heartbeat
+        out["time"] = _time(seq, event)
+    return out
+
+
+def _sample(seq: int, where: str, item: object) -> dict[str, Any]:
+    if not isinstance(item, Mapping):
+        raise InvalidEvent(seq, where, "must be an object")
+    extra = item.get("extra") or {}
+    if not isinstance(extra, Mapping):
+        raise InvalidEvent(seq, f"{where}.extra", "must be an object")
+    length = item.get("length", 0)
+    if not _is_int(length) or not 0 <= length <= MAX_INT:
+        raise InvalidEvent(seq, f"{where}.length", f"must be an integer in [0, 2^31), got {_shown(length)}")
+    return {
+        "prompt": _text(seq, item, "prompt", where=where),
+        "completion": _text(seq, item, "completion", where=where),
+        "reward": _optional_finite(seq, f"{where}.reward", item.get("reward")),
+        "advantage": _optional_finite(seq, f"{where}.advantage", item.get("advantage")),
+        "length": length,
+        "finish_reason": _text(seq, item, "finish_reason", required=False, where=where)[:32],
+        # Depth as in the whole event (engine.events.clean): the event 1, items 2, an item 3,
+        # extra 4, so the engine's cut and this one agree.
+        "extra": clean(dict(extra), depth=4) if extra else {},
+    }
+
+
+def _shown(value: object) -> str:
+    """``repr`` of a bad value for an error message: storable, and short."""
+    text = clean_text(repr(value))
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(seq: int, event: Mapping[str, Any], field: str, where: str = "") -> Any:
+    if field not in event:
+        raise InvalidEvent(seq, f"{where}.{field}" if where else field, "is missing")
+    return event[field]
+
+
+def _text(seq: int, event: Mapping[str, Any], field: str, *, required: bool = True, where: str = "") -> str:
+    name = f"{where}.{field}" if where else field
+    value = _require(seq, event, field, where) if required else event.get(field, "")
+    value = "" if value is None and not required else value
+    if not isinstance(value, str):
+        raise InvalidEvent(seq, name, f"must be a string, got {_shown(value)}")
+    if len(value) > MAX_TEXT:
+        raise InvalidEvent(seq, name, f"has {len(value)} characters; the limit is {MAX_TEXT}")
+    return clean_text(value)
+
+
+def _step(seq: int, event: Mapping[str, Any]) -> int:
+    step = _require(seq, event, "step")
+    if not _is_int(step) or not 0 <= step <= MAX_INT:
+        raise InvalidEvent(seq, "step", f"must be an integer in [0, 2^31), got {_shown(step)}")
+    return step
+
+
+def _finite(seq: int, field: str, value: object) -> float:
+    if _is_int(value) or isinstance(value, float):
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except OverflowError:  # an integer beyond any float
+            number = math.inf
+        if math.isfinite(number):
+            return number
+    raise InvalidEvent(seq, clean_text(field), f"must be a finite number, got {_shown(value)}")
+
+
+def _optional_finite(seq: int, field: str, value: object) -> float | None:
+    return None if value is None else _finite(seq, field, value)
+
+
+def _time(seq: int, event: Mapping[str, Any]) -> datetime:
+    stamp = _finite(seq, "time", _require(seq, event, "time"))
+    try:
+        return datetime.fromtimestamp(stamp, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        raise InvalidEvent(seq, "time", f"is not a Unix time in seconds: {stamp!r}") from None
+
+
+def _check_contiguous(last_seq: int, fresh: list[dict[str, Any]]) -> None:
+    expected = last_seq + 1
+    for event in fresh:
+        if event["seq"] != expected:
+            raise SeqGap(event["seq"], expected)
+        expected += 1
+
+
+# --- storing ---------------------------------------------------------------------------
+
+
+def is_poison(exc: BaseException) -> bool:
+    """Whether a storing error is about the data (quarantine the event) rather than the
+    database being unreachable or busy (close 1011 so the worker resends later).
+
+    Judged by the SQLSTATE class the driver reports (PostgreSQL) or the exception class
+    Django maps it to (SQLite has no SQLSTATE: its data errors are IntegrityError/DataError).
+    Python-side errors while preparing rows (a value the driver cannot bind) are data too."""
+    if not isinstance(exc, DatabaseError):
+        return isinstance(exc, ValueError | TypeError | OverflowError | RecursionError)
+    sqlstate = getattr(exc.__cause__, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        return sqlstate[:2] in POISON_SQLSTATE_CLASSES
+    return isinstance(exc, DataError | IntegrityError)
+
+
+def _store_or_quarantine(run: Run, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Store ``fresh`` in one savepoint; if the database refuses its data, store the events
+    one by one, each in its own savepoint, and quarantine those it still refuses.
+
+    Returns the events as stored (a quarantined one replaced by its error log event)."""
+    try:
+        with transaction.atomic():
+            _store(run, fresh)
+        return fresh
+    except Exception as exc:
+        if not is_poison(exc) or (len(fresh) == 1 and fresh[0].get("quarantined")):
+            raise
+        log.warning("run %s: a batch of %d events was refused (%s); storing one by one", run.pk, len(fresh), exc)
+    out: list[dict[str, Any]] = []
+    for event in fresh:
+        run.refresh_from_db()  # the failed savepoint rolled back what _store had set on it
+        try:
+            with transaction.atomic():
+                _store(run, [event])
+            out.append(event)
+            continue
+        except Exception as exc:
+            if not is_poison(exc):
+                raise
+            stand_in = quarantine(event["seq"], event["type"], f"the database refused it: {exc}")
+        run.refresh_from_db()
+        with transaction.atomic():
+            _store(run, [stand_in])
+        out.append(stand_in)
+    return out
+
+
+def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
+    now = timezone.now()
+    points: list[PointRow] = []
+    samples: list[Sample] = []
+    checkpoints: list[Checkpoint] = []
+    logs: list[LogLine] = []
+    summary = dict(run.summary)
+    last_step = run.last_step
+    final_seq = run.final_seq
+
+    for event in fresh:
+        seq, kind = event["seq"], event["type"]
+        if kind == "metrics":
+            for name, value in event["values"].items():
+                points.append((run.pk, name, event["step"], value, event["time"], seq))
+                summary[name] = value
+            last_step = max(last_step, event["step"])
+        elif kind == "samples":
+            samples.extend(
+                Sample(run=run, step=event["step"], seq=seq, index=i, **item)
+                for i, item in enumerate(event["items"])
+            )
+        elif kind == "checkpoint":
+            checkpoints.append(
+                Checkpoint(run=run, seq=seq, step=event["step"], path=event["path"], bytes=event["bytes"])
+            )
+        elif kind == "log":
+            logs.append(LogLine(run=run, seq=seq, level=event["level"], message=event["message"], time=now))
+        elif kind == "status":
+            refused = _apply_status(run, event["state"], event["message"])
+            if refused:
+                logs.append(LogLine(run=run, seq=seq, level=LogLevel.WARNING, message=refused, time=now))
+            if event["state"] in ENGINE_FINAL_STATES and final_seq is None:
+                final_seq = seq
+
+    # ignore_conflicts: a row already stored (the same event under an older cursor, or a
+    # resumed run recomputing a step) keeps its first value.
+    insert_metric_points(points)
+    Sample.objects.bulk_create(samples, batch_size=500, ignore_conflicts=True)
+    Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
+    LogLine.objects.bulk_create(logs, batch_size=1000, ignore_conflicts=True)
+    # heartbeat_at is progress: an event of the engine was stored (sweeper.py).
+    updates = {
+        "last_seq": fresh[-1]["seq"],
+        "last_step": last_step,
+        "summary": summary,
+        "heartbeat_at": now,
+        "final_seq": final_seq,
+    }
+    Run.objects.filter(pk=run.pk).update(**updates)
+    for name, value in updates.items():
+        setattr(run, name, value)
+
+
+def _apply_status(run: Run, state: str, message: str) -> str:
+    """Apply an engine status event; return why it was refused ("" when applied or repeated)."""
+    target = RunStatus(state)
+    if run.status == target:
+        return ""
+    if not RunStatus(run.status).can_become(target):
+        return f"status {state!r} from the engine not applied: the run is {run.status!r}" + (
+            f" ({message})" if message else ""
+        )
+    # The row is locked by store_events, so this conditional update cannot lose a race.
+    run.transition(target, message=message)
+    return ""
+
