@@ -90,9 +90,11 @@ def test_a_killed_worker_is_lost_then_resumed_elsewhere(deployment, tiny_model_d
     # newest checkpoint on disk (the orphaned engine checkpointed when its worker died, and
     # keep_last pruned older ones, maybe the one the web app knows), so its series continue
     # after the known checkpoint's step.
-    checkpoint = d.api("GET", f"/runs/{run_id}/checkpoints")[-1]
     d.api("PATCH", f"/runs/{run_id}", {"notes": "worker killed"})
     child_id = d.api("POST", f"/runs/{run_id}/resume", {})["id"]
+    # The resume first stored what the dead worker never shipped (the runs directory is on this
+    # machine): the newest checkpoint is now known, and the child starts from it.
+    checkpoint = d.api("GET", f"/runs/{run_id}/checkpoints")[-1]
     child = d.run(child_id)
     assert (child["last_seq"], child["last_step"]) == (0, checkpoint["step"])
     d.start_worker()
