@@ -144,9 +144,9 @@ def first_chart(context: Any, url: str, reference: bool) -> dict[str, float]:
         page.route("**/metrics/series?*", no_downsampling)
     page.goto(url)
     page.wait_for_selector("body[data-history-loaded]", timeout=120_000)
-    page.wait_for_function("window.__bench.firstPaint !== null", timeout=120_000)
+    page.wait_for_function("() => window.__bench.firstPaint !== null", timeout=120_000)
     page.wait_for_function(
-        "[...document.querySelectorAll('.chart-panel')].every((p) => p.querySelector('canvas'))",
+        "() => [...document.querySelectorAll('.chart-panel')].every((p) => p.querySelector('canvas'))",
         timeout=120_000,
     )
     out = page.evaluate(
@@ -224,7 +224,7 @@ def streaming(
         page.route("**/metrics/series?*", no_downsampling)
     page.goto(f"{site.url}/runs/{run_id}/")
     page.wait_for_selector("body[data-history-loaded]", timeout=120_000)
-    page.wait_for_function("window.tributaryLive && window.tributaryCharts.pointCount() > 0", timeout=120_000)
+    page.wait_for_function("() => window.tributaryLive && window.tributaryCharts.pointCount() > 0", timeout=120_000)
     page.wait_for_selector("#live-state[data-state=open]", timeout=60_000)
     page.wait_for_timeout(1000)  # settle after the history is drawn
     page.evaluate("window.__bench.frames = []; window.__bench.recording = true")

@@ -17,7 +17,17 @@ from django.core.exceptions import ImproperlyConfigured
 
 from engine.paths import data_dir  # one data directory for the engine, the worker and the web app
 
-__all__ = ["data_dir", "database_from_url", "env_bool", "env_int", "env_list", "env_str", "secret_key_from"]
+__all__ = [
+    "data_dir",
+    "database_from_url",
+    "database_pool_from_env",
+    "env_bool",
+    "env_float",
+    "env_int",
+    "env_list",
+    "env_str",
+    "secret_key_from",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -52,6 +62,21 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a finite number")
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value:g} is too small: use at least {minimum:g}")
+    return value
+
+
 def env_list(name: str, default: list[str] | None = None) -> list[str]:
     """A comma-separated list (``ALLOWED_HOSTS=example.org,.example.com``); blanks dropped."""
     raw = os.environ.get(name)
@@ -82,9 +107,52 @@ def secret_key_from(data_dir: Path, env_value: str = "") -> str:
     return key
 
 
-def database_from_url(url: str, data_dir: Path) -> dict[str, Any]:
+def database_pool_from_env() -> dict[str, Any] | None:
+    """The options of psycopg's connection pool for PostgreSQL (Django's ``OPTIONS["pool"]``),
+    sized by the deployment; None when ``DATABASE_POOL_MAX=0`` turns the pool off.
+
+    Why a pool: under ASGI each request runs its database code in a thread of its own, and with
+    persistent connections (``CONN_MAX_AGE``) every such thread kept a connection open after
+    its request: 200 simultaneous requests asked PostgreSQL for ~200 connections and got
+    ``too many clients already`` (500s). With the pool a web process holds at most
+    ``DATABASE_POOL_MAX`` connections; a request waits up to ``DATABASE_POOL_TIMEOUT`` seconds
+    for a free one, then gets a 503 (``webapp.dbpool``), never a 500.
+
+    - ``DATABASE_POOL_MAX`` (10): connections per web process. Size it so that
+      web processes x this + the other clients stay under PostgreSQL's ``max_connections``.
+      0: no pool (e.g. behind PgBouncer): each request opens a connection and closes it.
+    - ``DATABASE_POOL_MIN`` (2): kept open while idle. Above it, psycopg_pool closes one
+      connection every ``DATABASE_POOL_MAX_IDLE`` seconds (60) while some stayed idle that long,
+      so after a burst the pool shrinks back to the minimum in (max - min) x that.
+    - ``DATABASE_POOL_TIMEOUT`` (30 s, psycopg_pool's own default): how long a request waits for a
+      connection. Under a burst the pool queues requests instead of failing them; past this
+      wait the server is overloaded, and a 503 says so before a client or proxy gives up.
+    """
+    max_size = env_int("DATABASE_POOL_MAX", 10, minimum=0)
+    if max_size == 0:
+        return None
+    min_size = env_int("DATABASE_POOL_MIN", min(2, max_size), minimum=0)
+    if min_size > max_size:
+        raise ImproperlyConfigured(
+            f"DATABASE_POOL_MIN={min_size} is larger than DATABASE_POOL_MAX={max_size}: "
+            "use a minimum at most the maximum"
+        )
+    return {
+        "min_size": min_size,
+        "max_size": max_size,
+        "timeout": env_float("DATABASE_POOL_TIMEOUT", 30.0, minimum=0.1),
+        "max_idle": env_float("DATABASE_POOL_MAX_IDLE", 60.0, minimum=1.0),
+        "name": "tributary-web",
+    }
+
+
+def database_from_url(url: str, data_dir: Path, pool: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``default`` database: SQLite in ``data_dir`` when ``url`` is empty, PostgreSQL
-    (psycopg 3) for ``postgres://user:password@host:port/name?sslmode=...``."""
+    (psycopg 3) for ``postgres://user:password@host:port/name?sslmode=...``, through a
+    connection pool with the options ``pool`` (``database_pool_from_env``) when given.
+
+    No persistent connections either way (``CONN_MAX_AGE`` 0, which Django's pool requires):
+    a connection goes back to the pool, or is closed, when its request or task ends."""
     if not url:
         return {
             "ENGINE": "django.db.backends.sqlite3",
@@ -115,6 +183,9 @@ def database_from_url(url: str, data_dir: Path) -> dict[str, Any]:
         port = parts.port
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL {_redacted(url)!r} has a bad port: {exc}") from None
+    options: dict[str, Any] = dict(parse_qsl(parts.query))
+    if pool:
+        options["pool"] = dict(pool)
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name,
@@ -122,8 +193,10 @@ def database_from_url(url: str, data_dir: Path) -> dict[str, Any]:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": unquote(parts.hostname or ""),
         "PORT": str(port or ""),
-        "OPTIONS": dict(parse_qsl(parts.query)),
-        "CONN_MAX_AGE": 60,
+        "OPTIONS": options,
+        "CONN_MAX_AGE": 0,
+        # With the pool: psycopg checks a connection as it leaves the pool; without: Django
+        # checks it before reusing it within a request.
         "CONN_HEALTH_CHECKS": True,
     }
 

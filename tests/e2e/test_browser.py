@@ -105,12 +105,14 @@ def test_sign_in_launch_watch_rollouts_cancel(site: Site, browser: Any, tiny_mod
     # The charts gain points while the run runs (history, then the socket).
     page.wait_for_selector("body[data-history-loaded]")
     page.wait_for_selector("#run-status[data-status=running]", timeout=RUN_WAIT_MS)
+    # Predicates are arrow functions: Playwright evals a bare expression in the page, which the
+    # pages' Content-Security-Policy (no 'unsafe-eval') refuses.
     page.wait_for_function(
-        "Number(document.querySelector('#charts').dataset.points) > 0", timeout=RUN_WAIT_MS
+        "() => Number(document.querySelector('#charts').dataset.points) > 0", timeout=RUN_WAIT_MS
     )
     first = point_count(page)
     page.wait_for_function(
-        f"Number(document.querySelector('#charts').dataset.points) > {first}", timeout=RUN_WAIT_MS
+        f"() => Number(document.querySelector('#charts').dataset.points) > {first}", timeout=RUN_WAIT_MS
     )
     assert page.get_attribute("#run-status", "data-status") == "running"
     assert point_count(page) > first
@@ -184,7 +186,7 @@ def test_compare_two_runs_shows_the_config_diff(site: Site, browser: Any, finish
         finished_runs
     )
 
-    page.wait_for_function("Number(document.querySelector('#charts').dataset.points) > 0")
+    page.wait_for_function("() => Number(document.querySelector('#charts').dataset.points) > 0")
     assert page.locator("#compare-runs tbody tr").count() == 2
     differing = page.locator("#config-diff tr.differs")
     keys = [differing.nth(i).get_attribute("data-key") for i in range(differing.count())]
@@ -222,7 +224,7 @@ def test_a_share_link_is_read_only_in_a_fresh_context(
     page = fresh.new_page()
     page.goto(f"{site.url}{path}")
     page.wait_for_selector("body[data-history-loaded]")
-    page.wait_for_function("Number(document.querySelector('#charts').dataset.points) > 0")
+    page.wait_for_function("() => Number(document.querySelector('#charts').dataset.points) > 0")
     assert page.get_attribute("#run-page", "data-shared") == "true"
     for absent in ("#run-actions", "#cancel-button", "#resume-form", "#fork-link", "#share-create",
                    "#new-run", "#tab-logs", "a[href$='/new/']"):  # fmt: skip
@@ -268,7 +270,7 @@ def test_a_viewer_cannot_launch(site: Site, browser: Any, finished_runs: list[in
     page = narrow.new_page()
     sign_in(page, site, "viewer")
     page.goto(f"{site.url}/runs/{finished_runs[1]}/")
-    page.wait_for_function("Number(document.querySelector('#charts').dataset.points) > 0")
+    page.wait_for_function("() => Number(document.querySelector('#charts').dataset.points) > 0")
     width = page.evaluate("document.documentElement.scrollWidth")
     screenshot(page, test, "run-390px")
     narrow.close()
