@@ -6,11 +6,17 @@ shape or the engine's config schema refused it.
 
 | status | when |
 |---|---|
+| 400 | text the database cannot store in the URL or query string (a NUL, bytes that are not UTF-8: ``webapp.middleware``), or a body that is not JSON |
 | 401 | no session and no API token, or an unknown/revoked token |
 | 403 | the caller sees the object but lacks the role (viewer < member < admin), or CSRF failed |
 | 404 | no such object, or it belongs to a team the caller has no role in |
 | 409 | the run's state forbids it (cancel a finished run, resume a running one) |
-| 422 | a bad field (each named by ``loc``) |
+| 422 | a bad field (each named by ``loc``), among them text with a NUL or a lone surrogate and integers beyond the column's range (``webapp.api.schemas``) |
+| 429 | too many failed API token checks from the caller's address (``Retry-After``) |
+| 503 | no database connection became free in time (``Retry-After``; ``webapp.dbpool``) |
+
+Each operation lists the ones it can answer in the OpenAPI document (``webapp.api.routers``);
+``tests/webapp/test_schemathesis.py`` holds it to that.
 """
 
 from __future__ import annotations
@@ -18,13 +24,15 @@ from __future__ import annotations
 import logging
 import re
 
+from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
-from ninja.errors import AuthenticationError
+from ninja.errors import AuthenticationError, Throttled
 from ninja.operation import Operation
 
 from webapp.api.auth import API_AUTH
 from webapp.api.routers import account, data, engine, projects, runs, shares, workers
+from webapp.dbpool import busy_response, pool_exhausted
 from webapp.runs.launch import CannotResume, RunConfigInvalid
 from webapp.runs.models import InvalidTransition
 from webapp.teams.access import Forbidden, NotFound
@@ -122,6 +130,21 @@ def _invalid_transition(request: HttpRequest, exc: InvalidTransition) -> HttpRes
 @api.exception_handler(CannotResume)
 def _cannot_resume(request: HttpRequest, exc: CannotResume) -> HttpResponse:
     return _detail(request, str(exc), 409)
+
+
+@api.exception_handler(Throttled)
+def _throttled(request: HttpRequest, exc: Throttled) -> HttpResponse:
+    response = _detail(request, str(exc), 429)
+    if exc.wait:
+        response["Retry-After"] = str(int(exc.wait))
+    return response
+
+
+@api.exception_handler(OperationalError)
+def _database_unavailable(request: HttpRequest, exc: OperationalError) -> HttpResponse:
+    if pool_exhausted(exc):
+        return busy_response(request, api=True)
+    return _unexpected(request, exc)
 
 
 @api.exception_handler(Exception)

@@ -7,11 +7,13 @@ these, so the team API and the read-only share API return exactly the same data.
 from __future__ import annotations
 
 import csv
+import io
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncGenerator, Generator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import connections
 from django.db.models import (
     Avg,
@@ -34,6 +36,7 @@ from django.http import StreamingHttpResponse
 from django.utils.text import slugify
 from ninja.errors import ValidationError
 
+from webapp.inputs import INT_MAX, parse_id
 from webapp.runs.choices import ACTIVE_STATUSES, FINAL_STATUSES, LogLevel, RunStatus
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, Sample, ShareLink
 from webapp.teams.access import memberships_of
@@ -409,12 +412,24 @@ def _downsampled(
     return [ends[0], *body, ends[1]], float(width)
 
 
-def metrics_csv(run: Run, names: list[str], fmt: str) -> StreamingHttpResponse:
-    """The run's metrics as CSV, streamed from the database.
+CSV_CHUNK_ROWS = 2000
+"""Rows per database fetch and per piece of the CSV response: what the web process holds of
+an export at a time, whatever its length (a few hundred kB)."""
+
+
+def metrics_csv(run: Run, names: list[str], fmt: str, *, asynchronous: bool = False) -> StreamingHttpResponse:
+    """The run's metrics as CSV, streamed from the database with bounded memory.
 
     ``wide``: a ``step`` column and one column per metric (empty where a metric has no value
     at that step). ``long``: ``step,name,value,time`` (time in ISO 8601, UTC). Values are
     written with ``repr`` so they read back as exactly the stored floats.
+
+    Rows come from a database cursor ``CSV_CHUNK_ROWS`` at a time (a server-side cursor on
+    PostgreSQL) and leave as pieces of that many rows. Under ASGI (``asynchronous``) the body
+    is an async iterator: Django consumes a sync iterator there by reading it whole into a
+    list first ("StreamingHttpResponse must consume synchronous iterators in order to serve
+    them asynchronously"), which holds the whole file in memory. Under WSGI it stays a sync
+    iterator (the async one would be read whole for the opposite reason).
     """
     qs = MetricPoint.objects.filter(run=run)
     if names:
@@ -422,41 +437,78 @@ def metrics_csv(run: Run, names: list[str], fmt: str) -> StreamingHttpResponse:
     else:
         names = list(qs.values_list("name", flat=True).distinct().order_by("name"))
     rows = _wide_rows(qs, names) if fmt == "wide" else _long_rows(qs)
-    writer = csv.writer(_Echo(), lineterminator="\n")
+    chunks = _csv_chunks(rows)
     response = StreamingHttpResponse(
-        (writer.writerow(row) for row in rows), content_type="text/csv; charset=utf-8"
+        _async_chunks(chunks) if asynchronous else chunks, content_type="text/csv; charset=utf-8"
     )
     filename = f"run-{run.pk}-{slugify(run.name) or 'run'}-metrics{'-long' if fmt == 'long' else ''}.csv"
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
 
 
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
+def _csv_chunks(rows: Generator[list[Any], None, None]) -> Generator[str, None, None]:
+    """CSV text of ``CSV_CHUNK_ROWS`` rows at a time. Closing it (a client that went away)
+    closes ``rows`` and so the database cursor under them."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    try:
+        count = 0
+        for row in rows:
+            writer.writerow(row)
+            count += 1
+            if count == CSV_CHUNK_ROWS:
+                yield buffer.getvalue()
+                buffer.seek(0)
+                buffer.truncate()
+                count = 0
+        if count:
+            yield buffer.getvalue()
+    finally:
+        rows.close()
 
 
-def _long_rows(qs: QuerySet[MetricPoint]) -> Iterator[list[Any]]:
+async def _async_chunks(chunks: Generator[str, None, None]) -> AsyncGenerator[str, None]:
+    """``chunks`` for an ASGI server, one piece at a time. Each piece is read in the request's
+    own thread (``thread_sensitive``: the thread that holds its database connection). When the
+    client disconnects, Django cancels the response task or closes this generator; either way
+    ``chunks`` is closed in that thread, which closes the cursor."""
+    next_chunk = sync_to_async(next, thread_sensitive=True)
+    try:
+        while (chunk := await next_chunk(chunks, None)) is not None:
+            yield chunk
+    finally:
+        await sync_to_async(chunks.close, thread_sensitive=True)()
+
+
+def _long_rows(qs: QuerySet[MetricPoint]) -> Generator[list[Any], None, None]:
     yield ["step", "name", "value", "time"]
-    for step, name, value, time in (
-        qs.order_by("name", "step").values_list("step", "name", "value", "time").iterator(chunk_size=5000)
-    ):
-        yield [step, name, repr(value), time.isoformat()]
+    points = (
+        qs.order_by("name", "step")
+        .values_list("step", "name", "value", "time")
+        .iterator(chunk_size=CSV_CHUNK_ROWS)
+    )
+    try:
+        for step, name, value, time in points:
+            yield [step, name, repr(value), time.isoformat()]
+    finally:
+        points.close()  # the cursor, now, not when the generator is collected
 
 
-def _wide_rows(qs: QuerySet[MetricPoint], names: list[str]) -> Iterator[list[Any]]:
+def _wide_rows(qs: QuerySet[MetricPoint], names: list[str]) -> Generator[list[Any], None, None]:
     yield ["step", *names]
     column = {name: i for i, name in enumerate(names)}
     current: int | None = None
     row: list[str] = []
-    for step, name, value in (
-        qs.order_by("step", "name").values_list("step", "name", "value").iterator(chunk_size=5000)
-    ):
-        if step != current:
-            if current is not None:
-                yield [current, *row]
-            current, row = step, [""] * len(names)
-        row[column[name]] = repr(value)
+    points = qs.order_by("step", "name").values_list("step", "name", "value").iterator(chunk_size=CSV_CHUNK_ROWS)
+    try:
+        for step, name, value in points:
+            if step != current:
+                if current is not None:
+                    yield [current, *row]
+                current, row = step, [""] * len(names)
+            row[column[name]] = repr(value)
+    finally:
+        points.close()
     if current is not None:
         yield [current, *row]
 
@@ -478,12 +530,9 @@ def parse_step(step: str | None) -> int | str | None:
         return None
     if step == "latest":
         return "latest"
-    try:
-        value = int(step)
-    except ValueError:
-        raise query_error("step", f"must be a step number or 'latest', got {step!r}") from None
-    if value < 0:
-        raise query_error("step", f"must be >= 0, got {value}")
+    value = parse_id(step, INT_MAX)  # ASCII digits within the column's range: not "²", not -1
+    if value is None:
+        raise query_error("step", f"must be a step number (0 to {INT_MAX}) or 'latest', got {step!r}")
     return value
 
 

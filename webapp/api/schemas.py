@@ -1,13 +1,21 @@
-"""Request and response bodies of the API (pydantic through ninja's ``Schema``)."""
+"""Request and response bodies of the API (pydantic through ninja's ``Schema``).
+
+Every text field of a request body is ``Text`` and every free-form JSON value is ``JsonValue``:
+a NUL character or a lone surrogate (``"\\ud800"`` is valid JSON, but not Unicode text) is a
+422 naming the field, where PostgreSQL would fail the insert with a 500. Ids are ``Id``, within
+the ``bigint`` range of the columns they are looked up in (``webapp.inputs``).
+"""
 
 from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from ninja import Schema
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
+
+from webapp.inputs import BIGINT_MAX, json_problem, text_problem
 
 MAX_TAGS = 32
 MAX_TAG_LENGTH = 50
@@ -26,6 +34,26 @@ def clean_tags(tags: list[str]) -> list[str]:
     if len(out) > MAX_TAGS:
         raise ValueError(f"at most {MAX_TAGS} tags, got {len(out)}")
     return out
+
+
+def _storable_text(value: str) -> str:
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _storable_json(value: Any) -> Any:
+    problem = json_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_storable_text)]
+JsonValue = Annotated[Any, AfterValidator(_storable_json)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
+Id = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
 
 
 # --- errors ------------------------------------------------------------------------------
@@ -78,7 +106,7 @@ class MeOut(Schema):
 
 
 class TokenIn(Schema):
-    name: str = Field(
+    name: Text = Field(
         min_length=1, max_length=100, description="What the token is for (a script, a machine)."
     )
 
@@ -115,9 +143,9 @@ class TeamRef(Schema):
 
 
 class ProjectIn(Schema):
-    name: str = Field(min_length=1, max_length=100)
-    slug: str = Field("", max_length=100, description="URL name; derived from the name when empty.")
-    description: str = Field("", max_length=10_000)
+    name: Text = Field(min_length=1, max_length=100)
+    slug: Text = Field("", max_length=100, description="URL name; derived from the name when empty.")
+    description: Text = Field("", max_length=10_000)
 
     @field_validator("name")
     @classmethod
@@ -229,21 +257,21 @@ class RunPage(Schema):
 
 
 class RunCreateIn(Schema):
-    name: str = Field("", max_length=200, description="Defaults to the config's name.")
-    config: Any = Field(
+    name: Text = Field("", max_length=200, description="Defaults to the config's name.")
+    config: JsonValue = Field(
         ...,
         description="An engine RunConfig as an object (GET /api/schema); 'preset' applies a named preset "
         "underneath the given values.",
         json_schema_extra={"type": "object"},
     )
-    queue: str = Field(
+    queue: Text = Field(
         "auto",
         max_length=64,
         description="Worker queue: cpu, gpu, a named pool, or auto (the queue of an online worker that has "
         "what the config needs: GPUs, backends).",
     )
-    tags: list[str] = Field(default_factory=list)
-    notes: str = Field("", max_length=100_000)
+    tags: list[Text] = Field(default_factory=list)
+    notes: Text = Field("", max_length=100_000)
 
     @field_validator("tags")
     @classmethod
@@ -252,9 +280,9 @@ class RunCreateIn(Schema):
 
 
 class RunPatchIn(Schema):
-    name: str | None = Field(None, min_length=1, max_length=200)
-    tags: list[str] | None = None
-    notes: str | None = Field(None, max_length=100_000)
+    name: Text | None = Field(None, min_length=1, max_length=200)
+    tags: list[Text] | None = None
+    notes: Text | None = Field(None, max_length=100_000)
 
     @field_validator("name")
     @classmethod
@@ -272,18 +300,18 @@ class RunPatchIn(Schema):
 
 
 class ResumeIn(Schema):
-    checkpoint_id: int | None = Field(None, description="One of the run's checkpoints; default: its latest.")
-    queue: str = Field("", max_length=64, description="Default: the parent's queue.")
+    checkpoint_id: Id | None = Field(None, description="One of the run's checkpoints; default: its latest.")
+    queue: Text = Field("", max_length=64, description="Default: the parent's queue.")
 
 
 class ForkIn(Schema):
-    name: str = Field("", max_length=200, description="Default: '<parent name>-fork'.")
-    changes: dict[str, Any] = Field(
+    name: Text = Field("", max_length=200, description="Default: '<parent name>-fork'.")
+    changes: JsonObject = Field(
         default_factory=dict,
         description="Config changes merged into the parent's config (nested objects merge, anything "
         "else replaces), e.g. {'algorithm': {'clip_ratio_high': 0.28}}.",
     )
-    queue: str = Field("", max_length=64, description="Default: the parent's queue.")
+    queue: Text = Field("", max_length=64, description="Default: the parent's queue.")
 
 
 class LogLineOut(Schema):

@@ -10,7 +10,7 @@ from ninja import Router, Status
 
 from webapp.api import queries
 from webapp.api.models import ApiToken
-from webapp.api.routers import READ, WRITE
+from webapp.api.routers import AUTHED, READ, WRITE, Id
 from webapp.api.schemas import MeOut, TokenCreatedOut, TokenIn, TokenOut
 
 router = Router(tags=["account"])
@@ -28,7 +28,7 @@ def token_out(token: ApiToken) -> dict[str, Any]:
     }
 
 
-@router.get("/me", response={200: MeOut, **READ}, summary="The caller and their teams")
+@router.get("/me", response={200: MeOut, **AUTHED}, summary="The caller and their teams")
 def me(request: HttpRequest) -> dict[str, Any]:
     user = request.auth
     return {
@@ -41,7 +41,7 @@ def me(request: HttpRequest) -> dict[str, Any]:
     }
 
 
-@router.get("/tokens", response={200: list[TokenOut], **READ}, summary="The caller's API tokens")
+@router.get("/tokens", response={200: list[TokenOut], **AUTHED}, summary="The caller's API tokens")
 def list_tokens(request: HttpRequest) -> list[dict[str, Any]]:
     """Active and revoked tokens, newest first. The tokens themselves are never shown again."""
     return [token_out(t) for t in ApiToken.objects.filter(user=request.auth)]
@@ -55,7 +55,7 @@ def create_token(request: HttpRequest, payload: TokenIn) -> Status[dict[str, Any
 
 
 @router.delete("/tokens/{token_id}", response={204: None, **READ}, summary="Revoke an API token")
-def revoke_token(request: HttpRequest, token_id: int) -> Status[None]:
+def revoke_token(request: HttpRequest, token_id: Id) -> Status[None]:
     """The token stops working at once; it stays listed as revoked."""
     token = get_object_or_404(ApiToken, pk=token_id, user=request.auth)
     token.revoke()

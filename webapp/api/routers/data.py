@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Query, Router
 
 from webapp.api import queries
-from webapp.api.routers import READ
+from webapp.api.routers import READ, Id
 from webapp.api.schemas import MetricNameOut, SamplePage, SampleStepOut, SeriesSetOut
+from webapp.inputs import BIGINT_MAX, INT_MAX
 from webapp.runs.models import Run
 from webapp.teams.access import run_for
 from webapp.teams.choices import Role
@@ -27,17 +29,22 @@ EXCLUDE = Query(
 MAX_POINTS = Query(
     1000, ge=10, le=20_000, description="Downsample a longer series to about this many points."
 )
-AFTER_STEP = Query(None, ge=-1, description="Only points after this step (live updates).")
+AFTER_STEP = Query(None, ge=-1, le=INT_MAX, description="Only points after this step (live updates).")
 X_AXIS = Query("step", description="Bucket along steps or wall-clock time when downsampling.")
 STEP = Query(None, description="A step number, or 'latest' for the last step that has samples.")
 SEARCH = Query("", max_length=500, description="Text in the prompt or the completion (case-insensitive).")
 SAMPLE_SORT = Query("step", description="Order: reward, length or step; '-' for descending.")
 LIMIT = Query(50, ge=1, le=500)
-OFFSET = Query(0, ge=0)
+OFFSET = Query(0, ge=0, le=BIGINT_MAX)
 CSV_FORMAT = Query("wide", description="wide: step + one column per metric; long: step,name,value,time.")
 CSV_DOC = {
     "responses": {200: {"description": "CSV", "content": {"text/csv": {"schema": {"type": "string"}}}}}
 }
+
+
+def is_asgi(request: HttpRequest) -> bool:
+    """Served by an ASGI server: a streamed body must then be an async iterator."""
+    return isinstance(request, ASGIRequest)
 
 
 def series_response(
@@ -66,7 +73,7 @@ def series_response(
 @router.get(
     "/runs/{run_id}/metrics", response={200: list[MetricNameOut], **READ}, summary="A run's metric names"
 )
-def list_metrics(request: HttpRequest, run_id: int) -> list[dict[str, Any]]:
+def list_metrics(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
     """Each metric with its number of points, step range and last value."""
     return queries.metric_names(run_for(request.auth, run_id, Role.VIEWER))
 
@@ -74,7 +81,7 @@ def list_metrics(request: HttpRequest, run_id: int) -> list[dict[str, Any]]:
 @router.get("/runs/{run_id}/metrics/series", response={200: SeriesSetOut, **READ}, summary="Metric series")
 def metric_series(
     request: HttpRequest,
-    run_id: int,
+    run_id: Id,
     names: list[str] | None = NAMES,
     exclude: list[str] | None = EXCLUDE,
     max_points: int = MAX_POINTS,
@@ -96,13 +103,13 @@ def metric_series(
 )
 def metrics_csv(
     request: HttpRequest,
-    run_id: int,
+    run_id: Id,
     format: Literal["wide", "long"] = CSV_FORMAT,
     names: list[str] | None = NAMES,
 ) -> StreamingHttpResponse:
     """Streamed from the database; values read back as exactly the stored numbers."""
     run = run_for(request.auth, run_id, Role.VIEWER)
-    return queries.metrics_csv(run, queries.split_names(names), format)
+    return queries.metrics_csv(run, queries.split_names(names), format, asynchronous=is_asgi(request))
 
 
 @router.get(
@@ -110,7 +117,7 @@ def metrics_csv(
 )
 def list_samples(
     request: HttpRequest,
-    run_id: int,
+    run_id: Id,
     step: str | None = STEP,
     q: str = SEARCH,
     sort: SampleSort = SAMPLE_SORT,
@@ -127,6 +134,6 @@ def list_samples(
     response={200: list[SampleStepOut], **READ},
     summary="Steps that have samples",
 )
-def list_sample_steps(request: HttpRequest, run_id: int) -> list[dict[str, Any]]:
+def list_sample_steps(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
     """Each step with samples and how many, in step order (for a step slider)."""
     return queries.sample_steps(run_for(request.auth, run_id, Role.VIEWER))

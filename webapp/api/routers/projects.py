@@ -12,7 +12,7 @@ from ninja import Query, Router, Status
 from ninja.errors import ValidationError
 
 from webapp.api import queries
-from webapp.api.routers import READ, WRITE
+from webapp.api.routers import AUTHED, READ, WRITE, Id
 from webapp.api.schemas import (
     ProjectIn,
     ProjectOut,
@@ -22,6 +22,7 @@ from webapp.api.schemas import (
     TeamDetailOut,
     TeamOut,
 )
+from webapp.inputs import BIGINT_MAX, parse_id
 from webapp.runs.choices import RunStatus
 from webapp.runs.launch import create_run
 from webapp.runs.models import Run
@@ -37,20 +38,20 @@ TEXT = Query("", max_length=200, description="Text in the run's name or notes (c
 CREATED_BY = Query("", description="'me', a user id, or a username.")
 SORT = Query("-created_at", description="Order; '-' for descending. Ties: newest first.")
 LIMIT = Query(50, ge=1, le=500)
-OFFSET = Query(0, ge=0)
+OFFSET = Query(0, ge=0, le=BIGINT_MAX)
 
 RunSort = Literal[
     "created_at", "-created_at", "name", "-name", "status", "-status", "last_step", "-last_step"
 ]
 
 
-@router.get("/teams", response={200: list[TeamOut], **READ}, summary="The caller's teams")
+@router.get("/teams", response={200: list[TeamOut], **AUTHED}, summary="The caller's teams")
 def list_teams(request: HttpRequest) -> list[dict[str, Any]]:
     return queries.teams_out(request.auth)
 
 
 @router.get("/teams/{team_id}", response={200: TeamDetailOut, **READ}, summary="A team and its members")
-def get_team(request: HttpRequest, team_id: int) -> dict[str, Any]:
+def get_team(request: HttpRequest, team_id: Id) -> dict[str, Any]:
     team = team_for(request.auth, team_id, Role.VIEWER)
     members = team.memberships.select_related("user").order_by("user__username")
     return {
@@ -70,7 +71,7 @@ def get_team(request: HttpRequest, team_id: int) -> dict[str, Any]:
     response={200: list[ProjectOut], **READ},
     summary="A team's projects (viewer)",
 )
-def list_projects(request: HttpRequest, team_id: int) -> list[dict[str, Any]]:
+def list_projects(request: HttpRequest, team_id: Id) -> list[dict[str, Any]]:
     team = team_for(request.auth, team_id, Role.VIEWER)
     role = role_in(request.auth, team.pk)
     projects = list(team.projects.select_related("team"))
@@ -81,7 +82,7 @@ def list_projects(request: HttpRequest, team_id: int) -> list[dict[str, Any]]:
 @router.post(
     "/teams/{team_id}/projects", response={201: ProjectOut, **WRITE}, summary="Create a project (admin)"
 )
-def create_project(request: HttpRequest, team_id: int, payload: ProjectIn) -> Status[dict[str, Any]]:
+def create_project(request: HttpRequest, team_id: Id, payload: ProjectIn) -> Status[dict[str, Any]]:
     team = team_for(request.auth, team_id, Role.ADMIN)
     slug = payload.slug or slugify(payload.name)[:100]
     if not slug:
@@ -113,7 +114,7 @@ def create_project(request: HttpRequest, team_id: int, payload: ProjectIn) -> St
 
 
 @router.get("/projects/{project_id}", response={200: ProjectOut, **READ}, summary="A project (viewer)")
-def get_project(request: HttpRequest, project_id: int) -> dict[str, Any]:
+def get_project(request: HttpRequest, project_id: Id) -> dict[str, Any]:
     project = project_for(request.auth, project_id, Role.VIEWER)
     return queries.project_out(project, role_in(request.auth, project.team_id))
 
@@ -123,7 +124,7 @@ def get_project(request: HttpRequest, project_id: int) -> dict[str, Any]:
 )
 def list_runs(
     request: HttpRequest,
-    project_id: int,
+    project_id: Id,
     status: list[RunStatus] = STATUS,
     tag: list[str] = TAG,
     q: str = TEXT,
@@ -158,12 +159,13 @@ def _user_named(request: HttpRequest, who: str) -> Any:
     if who == "me":
         return request.auth
     users = get_user_model().objects
-    user = users.filter(pk=int(who)).first() if who.isdigit() else users.filter(username=who).first()
+    user_id = parse_id(who)
+    user = users.filter(pk=user_id).first() if user_id is not None else users.filter(username=who).first()
     return user if user is not None else get_user_model()(pk=-1)
 
 
 @router.post("/projects/{project_id}/runs", response={201: RunOut, **WRITE}, summary="Launch a run (member)")
-def launch_run(request: HttpRequest, project_id: int, payload: RunCreateIn) -> Status[dict[str, Any]]:
+def launch_run(request: HttpRequest, project_id: Id, payload: RunCreateIn) -> Status[dict[str, Any]]:
     """Validate the config with the engine's schema, store the run and queue it.
 
     A config that does not validate is a 422 naming each bad field

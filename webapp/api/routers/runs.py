@@ -9,8 +9,9 @@ from ninja import Query, Router, Status
 from ninja.errors import ValidationError
 
 from webapp.api import queries
-from webapp.api.routers import READ, WRITE
+from webapp.api.routers import READ, WRITE, Id
 from webapp.api.schemas import CheckpointOut, ErrorOut, ForkIn, LogPage, ResumeIn, RunOut, RunPatchIn
+from webapp.inputs import BIGINT_MAX
 from webapp.runs.choices import LogLevel
 from webapp.runs.launch import RunConfigInvalid, fork_run, request_cancel, resume_run
 from webapp.runs.models import Checkpoint, Run
@@ -21,7 +22,7 @@ router = Router(tags=["runs"])
 
 STATE: dict[int, Any] = {409: ErrorOut}
 
-AFTER_SEQ = Query(0, ge=0, description="Lines after this event seq (page on with next_after_seq).")
+AFTER_SEQ = Query(0, ge=0, le=BIGINT_MAX, description="Lines after this event seq (page on with next_after_seq).")
 LEVEL = Query(None, description="Only lines at this level or a more severe one.")
 LOG_LIMIT = Query(500, ge=1, le=5000)
 
@@ -31,7 +32,7 @@ def _out(request: HttpRequest, run: Run) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}", response={200: RunOut, **READ}, summary="A run (viewer)")
-def get_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+def get_run(request: HttpRequest, run_id: Id) -> dict[str, Any]:
     """Status, timestamps, worker, lineage, config, summary and what the caller may do."""
     return _out(request, run_for(request.auth, run_id, Role.VIEWER))
 
@@ -39,7 +40,7 @@ def get_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
 @router.patch(
     "/runs/{run_id}", response={200: RunOut, **WRITE}, summary="Rename, tag or annotate a run (member)"
 )
-def patch_run(request: HttpRequest, run_id: int, payload: RunPatchIn) -> dict[str, Any]:
+def patch_run(request: HttpRequest, run_id: Id, payload: RunPatchIn) -> dict[str, Any]:
     """Only the fields given change (``name``, ``tags`` as the full new list, ``notes``)."""
     run = run_for(request.auth, run_id, Role.MEMBER)
     changes = payload.model_dump(exclude_unset=True, exclude_none=True)
@@ -51,7 +52,7 @@ def patch_run(request: HttpRequest, run_id: int, payload: RunPatchIn) -> dict[st
 @router.post(
     "/runs/{run_id}/cancel", response={200: RunOut, **WRITE, **STATE}, summary="Cancel a run (member)"
 )
-def cancel_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
+def cancel_run(request: HttpRequest, run_id: Id) -> dict[str, Any]:
     """A queued run is cancelled at once. A starting or running one keeps its status, with
     ``cancel_requested_at`` set, until its worker has stopped the engine (which then reports
     ``cancelled``). A run already finished is a 409."""
@@ -65,7 +66,7 @@ def cancel_run(request: HttpRequest, run_id: int) -> dict[str, Any]:
     response={201: RunOut, **WRITE, **STATE},
     summary="Resume from a checkpoint (member)",
 )
-def resume_from_checkpoint(request: HttpRequest, run_id: int, payload: ResumeIn) -> Status[dict[str, Any]]:
+def resume_from_checkpoint(request: HttpRequest, run_id: Id, payload: ResumeIn) -> Status[dict[str, Any]]:
     """A new child run that continues this one from a checkpoint (default: the latest).
 
     The run must have stopped (409 otherwise, and when it wrote no checkpoint)."""
@@ -91,7 +92,7 @@ def resume_from_checkpoint(request: HttpRequest, run_id: int, payload: ResumeIn)
 @router.post(
     "/runs/{run_id}/fork", response={201: RunOut, **WRITE}, summary="Fork with config changes (member)"
 )
-def fork_with_changes(request: HttpRequest, run_id: int, payload: ForkIn) -> Status[dict[str, Any]]:
+def fork_with_changes(request: HttpRequest, run_id: Id, payload: ForkIn) -> Status[dict[str, Any]]:
     """A new run from this run's config with ``changes`` merged in, started from step 0.
 
     A merged config that does not validate is a 422 naming the fields under ``changes``."""
@@ -114,7 +115,7 @@ def fork_with_changes(request: HttpRequest, run_id: int, payload: ForkIn) -> Sta
 @router.get(
     "/runs/{run_id}/checkpoints", response={200: list[CheckpointOut], **READ}, summary="A run's checkpoints"
 )
-def list_checkpoints(request: HttpRequest, run_id: int) -> list[dict[str, Any]]:
+def list_checkpoints(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
     run = run_for(request.auth, run_id, Role.VIEWER)
     return [queries.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
 
@@ -122,7 +123,7 @@ def list_checkpoints(request: HttpRequest, run_id: int) -> list[dict[str, Any]]:
 @router.get("/runs/{run_id}/logs", response={200: LogPage, **READ}, summary="A run's log lines")
 def list_logs(
     request: HttpRequest,
-    run_id: int,
+    run_id: Id,
     after_seq: int = AFTER_SEQ,
     level: LogLevel | None = LEVEL,
     limit: int = LOG_LIMIT,

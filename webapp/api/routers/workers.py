@@ -8,13 +8,13 @@ from django.http import HttpRequest
 from ninja import Router
 
 from webapp.api import queries
-from webapp.api.routers import READ
+from webapp.api.routers import AUTHED
 from webapp.api.schemas import WorkerOut
 
 router = Router(tags=["workers"])
 
 
-@router.get("/workers", response={200: list[WorkerOut], **READ}, summary="Workers online")
+@router.get("/workers", response={200: list[WorkerOut], **AUTHED}, summary="Workers online")
 def list_workers(request: HttpRequest) -> list[dict[str, Any]]:
     """Each worker heard from in the last ``jobs.registry.TTL_S`` seconds: queues, CPUs, memory,
     GPUs (model, memory, lent to a run or free), installed backends, and the runs it holds (by

@@ -19,6 +19,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from webapp.api.queries import sample_steps
+from webapp.inputs import INT_MAX, parse_id
 from webapp.runs.models import Run, Sample, ShareLink
 from webapp.teams import access
 
@@ -149,10 +150,9 @@ def _pages(base_url: str, page: int, pages: int, **params: Any) -> list[dict[str
 
 
 def _int(value: str | None, default: int) -> int:
-    try:
-        return max(int(value or default), 1)
-    except ValueError:
-        return default
+    """A page number or id from the query string (ASCII digits, within bigint), else ``default``."""
+    parsed = parse_id(value)
+    return max(parsed, 1) if parsed is not None else default
 
 
 def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> HttpResponse:
@@ -185,18 +185,19 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
 
     raw_step = request.GET.get("step") or ""
     at = request.GET.get("at")
-    if not raw_step and at and at.isdigit() and steps:
-        raw_step = str(steps[min(int(at), len(steps) - 1)])  # the slider moves over the steps' indices
+    at_index = parse_id(at)
+    if not raw_step and at_index is not None and steps:
+        raw_step = str(steps[min(at_index, len(steps) - 1)])  # the slider moves over the steps' indices
     raw_step = raw_step or "latest"
     step: int | None
     latest = raw_step == "latest" or not steps
     if latest:
         step = steps[-1] if steps else None
     else:
-        try:
-            wanted = int(raw_step)
-        except ValueError:
-            raise Http404("step must be a number or 'latest'") from None
+        parsed = parse_id(raw_step, INT_MAX)
+        if parsed is None:
+            raise Http404("step must be a step number or 'latest'")
+        wanted = parsed
         if wanted not in steps:  # the nearest step that has samples
             wanted = min(steps, key=lambda s: (abs(s - wanted), s))
         step = wanted

@@ -8,6 +8,7 @@ from typing import Any
 from django.db.models import Max, Min
 
 from webapp.api import queries
+from webapp.inputs import parse_id
 from webapp.runs.models import MetricPoint, Run
 
 MAX_RUNS = 12
@@ -32,10 +33,10 @@ def parse_ids(raw: str) -> tuple[list[int], int]:
         part = part.strip()
         if not part:
             continue
-        if not part.isdigit():
+        value = parse_id(part)
+        if value is None:
             bad += 1
             continue
-        value = int(part)
         if value not in ids:
             ids.append(value)
     return ids, bad
