@@ -42,6 +42,14 @@ test: install lint browser
 	$(PY) -m pytest -q
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q tests/webapp
 
+# The quick lane while working: ruff and every test not marked slow (the learning, starter and
+# end-to-end tests), on SQLite and the in-memory channel layer only. `make test` stays the CI command.
+.PHONY: test-fast
+test-fast: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
+
+test-fast: install lint
+	$(PY) -m pytest -q -m "not slow"
+
 # The whole platform on this machine (manage.py serve): SQLite, the in-memory channel layer and a
 # file broker in the data directory (TRIBUTARY_DATA_DIR, default ~/.cache/tributary), the web
 # server and one worker. The first start creates the admin login and queues a DAPO demo run of

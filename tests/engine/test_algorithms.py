@@ -644,17 +644,26 @@ def test_unknown_names_raise_listing_known_ones():
 
 
 def test_required_names_are_registered():
-    for name in (
-        "grpo",
-        "rloo",
-        "reinforce_plus_plus",
-        "reinforce_plus_plus_baseline",
-        "grpo_median",
-        "mc_grpo",
-    ):
-        assert callable(alg.get_adv_estimator_fn(name))
-    for name in ("vanilla", "gspo", "cispo"):
-        assert callable(alg.get_policy_loss_fn(name))
+    """Each name a preset or a paper uses resolves to the function that implements it (a getter that
+    returned another estimator under a name, or a registration overwritten by a later one, fails here;
+    an unknown name already raises, see above)."""
+    estimators = {
+        "grpo": alg.compute_grpo_outcome_advantage,
+        "rloo": alg.compute_rloo_outcome_advantage,
+        "reinforce_plus_plus": alg.compute_reinforce_plus_plus_outcome_advantage,
+        "reinforce_plus_plus_baseline": alg.compute_reinforce_plus_plus_baseline_outcome_advantage,
+        "grpo_median": alg.compute_grpo_median_outcome_advantage,
+        "mc_grpo": alg.compute_grpo_median_outcome_advantage,  # MC-GRPO is the median-baseline estimator
+    }
+    for name, fn in estimators.items():
+        assert alg.get_adv_estimator_fn(name) is fn, name
+    losses = {
+        "vanilla": alg.compute_policy_loss_vanilla,
+        "gspo": alg.compute_policy_loss_gspo,
+        "cispo": alg.compute_policy_loss_cispo,
+    }
+    for name, fn in losses.items():
+        assert alg.get_policy_loss_fn(name) is fn, name
 
 
 def test_custom_registration():

