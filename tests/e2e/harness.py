@@ -8,6 +8,7 @@ Time limits only keep a broken build from hanging; tests never assert durations.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,9 +20,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.conftest import REPO_ROOT
 
@@ -174,6 +177,31 @@ class Deployment:
     def engine_log(self, run_id: int) -> list[dict[str, Any]]:
         path = self.data / "runs" / str(run_id) / "events.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def scratch_postgres(prefix: str) -> Iterator[str]:
+    """The URL of a database of its own on the machine's PostgreSQL (``TEST_POSTGRES_URL``,
+    default the local server), dropped afterwards; the test is skipped when there is no server."""
+    import psycopg
+
+    server = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    name = f"{prefix}_{os.getpid()}_{int(time.time() * 1000) % 10**8}"
+    try:
+        admin = psycopg.connect(server, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL at {server}: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield server.rsplit("/", 1)[0] + "/" + name
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def launch(d: Deployment, project: int, config: dict[str, Any]) -> int:
+    """Launch ``config`` in ``project`` through the API; the run's id."""
+    return d.api("POST", f"/projects/{project}/runs", {"config": config, "name": config["name"]})["id"]
 
 
 def row_backed(events: list[dict[str, Any]], upto_seq: int | None = None) -> dict[int, tuple[str, int]]:

@@ -19,12 +19,20 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.harness import Deployment, assert_stored_matches, free_port, wait_until
+from tests.e2e.harness import (
+    Deployment,
+    assert_stored_matches,
+    free_port,
+    launch,
+    scratch_postgres,
+    wait_until,
+)
 from tests.tiny_runs import tiny_config
 from webapp.runs.reconcile import SEND_GRACE_S, run_of_message
 
@@ -82,24 +90,6 @@ def redis_server(tmp_path: Path) -> Any:
     server.kill()
 
 
-@pytest.fixture
-def deployment(tmp_path: Path) -> Any:
-    made: list[Deployment] = []
-
-    def make(**settings: str) -> Deployment:
-        made.append(Deployment(tmp_path, **settings))
-        return made[-1]
-
-    yield make
-    for d in made:
-        d.stop_all()
-        print(d.logs())  # shown by pytest when the test failed
-
-
-def launch(d: Deployment, project: int, config: dict[str, Any]) -> int:
-    return d.api("POST", f"/projects/{project}/runs", {"config": config, "name": config["name"]})["id"]
-
-
 def engine_starts(d: Deployment, run_id: int) -> int:
     """How many engines ran this run: each writes one ``starting`` status first."""
     return sum(1 for e in d.engine_log(run_id) if e["type"] == "status" and e["state"] == "starting")
@@ -146,22 +136,9 @@ def test_a_broker_restart_loses_no_queued_run_and_keeps_the_order(
 
 
 @pytest.fixture
-def postgres_database() -> Any:
-    """A database of the test's own on the machine's PostgreSQL (``TEST_POSTGRES_URL``, default
-    the local server), dropped afterwards."""
-    import psycopg
-
-    server = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-    name = f"tributary_e2e_{os.getpid()}"
-    try:
-        admin = psycopg.connect(server, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {server}: {exc}")
-    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.execute(f'CREATE DATABASE "{name}"')
-    yield server.rsplit("/", 1)[0] + "/" + name
-    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.close()
+def postgres_database() -> Iterator[str]:
+    with scratch_postgres("tributary_e2e") as url:
+        yield url
 
 
 def test_two_web_replicas_send_each_lost_run_once_oldest_first(

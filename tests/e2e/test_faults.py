@@ -8,32 +8,13 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.e2e.harness import Browser, Deployment, assert_stored_matches, wait_until
+from tests.e2e.harness import Browser, assert_stored_matches, launch, wait_until
 from tests.tiny_runs import tiny_config
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Any:
-    made: list[Deployment] = []
-
-    def make(**settings: str) -> Deployment:
-        made.append(Deployment(tmp_path, **settings))
-        return made[-1]
-
-    yield make
-    for d in made:
-        d.stop_all()
-        print(d.logs())  # shown by pytest when the test failed
-
-
-def launch(d: Deployment, project: int, config: dict[str, Any]) -> int:
-    return d.api("POST", f"/projects/{project}/runs", {"config": config, "name": config["name"]})["id"]
 
 
 def test_a_web_app_restart_mid_run_loses_nothing(deployment, tiny_model_dir: Path) -> None:

@@ -15,24 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.harness import Deployment, assert_stored_matches, wait_until
+from tests.e2e.harness import assert_stored_matches, wait_until
 from tests.tiny_runs import tiny_config
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def deployment(tmp_path: Path) -> Any:
-    made: list[Deployment] = []
-
-    def make(**settings: str) -> Deployment:
-        made.append(Deployment(tmp_path, **settings))
-        return made[-1]
-
-    yield make
-    for d in made:
-        d.stop_all()
-        print(d.logs())  # shown by pytest when the test failed
 
 
 def test_a_resume_after_a_worker_kill_starts_from_the_engines_last_checkpoint(

@@ -8,8 +8,8 @@ broker folder, as a worker would receive it, and plays the supervisors itself.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from jobs.app import SUPERVISE_TASK
 from jobs.protocol import HELLO_CLAIMS, MSG_CLAIM
 from jobs.shipper import ingest_url
 from jobs.supervisor import RUNS_DIR_ENV, RunResult, RunSupervisor
-from tests.e2e.harness import Deployment, assert_stored_matches
+from tests.e2e.harness import Deployment, assert_stored_matches, scratch_postgres
 from tests.tiny_runs import tiny_config
 
 
@@ -29,28 +29,16 @@ from tests.tiny_runs import tiny_config
 def web(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The web app on SQLite, then on a database of its own on the machine's PostgreSQL
     (``TEST_POSTGRES_URL``, default the local server; skipped when there is none)."""
-    settings, drop = {}, None
-    if request.param == "postgresql":
-        import psycopg
-
-        server = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-        name = f"tributary_claims_{os.getpid()}"
-        try:
-            admin = psycopg.connect(server, autocommit=True, connect_timeout=5)
-        except psycopg.OperationalError as exc:
-            pytest.skip(f"no PostgreSQL at {server}: {exc}")
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-        settings["DATABASE_URL"] = server.rsplit("/", 1)[0] + "/" + name
-        drop = lambda: admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # noqa: E731
-    d = Deployment(tmp_path_factory.mktemp(f"claims-{request.param}"), **settings)
-    ids = d.setup()
-    d.start_web()
-    yield d, ids["project"]
-    d.stop_all()
-    print(d.logs())
-    if drop is not None:
-        drop()
+    with contextlib.ExitStack() as stack:
+        settings = {}
+        if request.param == "postgresql":
+            settings["DATABASE_URL"] = stack.enter_context(scratch_postgres("tributary_claims"))
+        d = Deployment(tmp_path_factory.mktemp(f"claims-{request.param}"), **settings)
+        ids = d.setup()
+        d.start_web()
+        yield d, ids["project"]
+        d.stop_all()
+        print(d.logs())
 
 
 def messages(d: Deployment, run_id: int) -> list[dict[str, Any]]:
