@@ -13,8 +13,11 @@
    period. Not PDEATHSIG on the engine itself: the worker is multi-threaded, and the kernel sends
    the signal again each time the child passes to another dying thread; a second SIGTERM makes
    the engine stop without its checkpoint.
-3. The launcher ignores the process group's SIGTERM/SIGINT (a Python handler, reset to the
-   default in the engine by exec) and exits as the engine did (same code, or same signal).
+3. The process group's SIGTERM/SIGINT reaches the engine itself once it runs; the launcher's own
+   copy is ignored then (a Python handler, reset to the default in the engine by exec). One that
+   comes before the engine exists (the supervisor cancels while the launcher confines itself) is
+   kept: the engine is not started, or, arriving during its start, is sent to it once started.
+   The launcher exits as the engine did (same code, or same signal).
 
 It imports nothing heavy (no Celery, no torch): it starts in a few tens of milliseconds.
 """
@@ -38,6 +41,11 @@ class _Launcher:
         self.grace = grace
         self.child: subprocess.Popen[bytes] | None = None
         self.orphaned = False
+        self.stop_before_start = False  # a SIGTERM/SIGINT came before the engine existed
+
+    def group_stop(self, signum: int, frame: object) -> None:
+        if self.child is None:
+            self.stop_before_start = True
 
     def parent_gone(self, signum: int, frame: object) -> None:
         if not self.orphaned:
@@ -62,8 +70,8 @@ def main(argv: list[str]) -> int:
     parent, grace, plan = int(argv[0]), float(argv[1]), ConfinementPlan.from_json(argv[2])
     command = argv[4:]
     launcher = _Launcher(grace)
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    signal.signal(signal.SIGINT, lambda *_: None)
+    signal.signal(signal.SIGTERM, launcher.group_stop)
+    signal.signal(signal.SIGINT, launcher.group_stop)
     signal.signal(signal.SIGUSR1, launcher.parent_gone)
     signal.signal(signal.SIGALRM, launcher.kill)
     if sys.platform.startswith("linux"):
@@ -76,8 +84,11 @@ def main(argv: list[str]) -> int:
     except ConfinementUnavailable as exc:
         print(f"launcher: the run was not started: {exc}", file=sys.stderr, flush=True)
         return 1
+    if launcher.stop_before_start:  # cancelled while confining: end as a SIGTERM'd engine would
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
     launcher.child = subprocess.Popen(command)
-    if launcher.orphaned:
+    if launcher.orphaned or launcher.stop_before_start:  # either came while the engine started
         launcher.stop()
     code = launcher.child.wait()
     if code < 0:
