@@ -182,7 +182,8 @@ class Deployment:
 @contextlib.contextmanager
 def scratch_postgres(prefix: str) -> Iterator[str]:
     """The URL of a database of its own on the machine's PostgreSQL (``TEST_POSTGRES_URL``,
-    default the local server), dropped afterwards; the test is skipped when there is no server."""
+    default the local server), dropped afterwards. No server is a failure, not a skip: the test
+    machine has one (``.ci/run`` starts it)."""
     import psycopg
 
     server = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -190,7 +191,7 @@ def scratch_postgres(prefix: str) -> Iterator[str]:
     try:
         admin = psycopg.connect(server, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {server}: {exc}")
+        pytest.fail(f"no PostgreSQL at {server} ({exc}): start it (.ci/run does) or set TEST_POSTGRES_URL")
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"')
         try:

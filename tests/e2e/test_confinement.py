@@ -13,15 +13,11 @@ from typing import Any
 
 import pytest
 
-from jobs.confine import landlock_abi
 from tests.e2e import confinement_spy
 from tests.e2e.harness import Deployment
 from tests.tiny_runs import tiny_config
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(landlock_abi() == 0, reason="the kernel has no Landlock"),
-]
+pytestmark = pytest.mark.slow  # the kernel's Landlock is checked by tests/jobs/test_confine.py
 
 
 def _post(d: Deployment, token: str, path: str, body: Any) -> tuple[int, Any]:

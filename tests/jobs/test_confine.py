@@ -9,14 +9,17 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from jobs.confine import ConfinementPlan, engine_environment, landlock_abi, readable_roots
 
-pytestmark = pytest.mark.skipif(landlock_abi() == 0, reason="the kernel has no Landlock")
+
+def test_the_kernel_has_landlock() -> None:
+    """Not a skip: the product runs unconfined (with a warning) where the kernel lacks Landlock,
+    but the machine these tests run on has it, and these tests are what shows confinement works."""
+    assert landlock_abi() >= 1, "this kernel has no Landlock (Linux >= 5.13 with landlock among its LSMs)"
 
 PROBE = textwrap.dedent(
     """
@@ -175,21 +178,20 @@ def test_the_engine_environment_carries_no_credentials(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "tmp").is_dir()
 
 
-def test_a_required_plan_without_landlock_does_not_start_the_run(layout, monkeypatch) -> None:
+def test_a_required_plan_without_landlock_does_not_start_the_run(layout) -> None:
     """The launcher's refusal path, with Landlock made unavailable to it."""
     plan = ConfinementPlan.for_run(layout["workdir"], data_dir=layout["data"], runs_dir=layout["runs"], required=True)
     shim = layout["root"] / "shim"
     shim.mkdir()
     (shim / "landlockpy.py").write_text("def supported():\n    return False\n")
     marker = layout["workdir"] / "started"
-    started = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "jobs.launcher", str(os.getpid()), "5", plan.to_json(), "--",
          sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
         cwd=plan.workdir, env={**os.environ, "PYTHONPATH": f"{shim}:{os.getcwd()}"}, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
-    assert done.returncode == 1 and not marker.exists(), (done.stderr, time.time() - started)
+    assert done.returncode == 1 and not marker.exists(), done.stderr
     assert "the run was not started: this run must be confined" in done.stderr
 
 
