@@ -386,8 +386,7 @@ class RunSupervisor:
 
         The worker's ``TRIBUTARY_REWARD_MODULES`` passes on; any other ``module:function`` is
         allowed only when the web app said so for this run."""
-        policy = RewardPolicy.from_env()
-        policy = RewardPolicy(modules=policy.modules, allow_any=self.user_code)
+        policy = RewardPolicy.of_deployment(allow_any=self.user_code)
         fixed = {DATA_DIR_ENV: str(data_dir()), "PYTHONUNBUFFERED": "1", **policy.as_env()}
         if self.gpus is not None:  # only its own GPUs ("" keeps a CPU run off them)
             fixed["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)

@@ -61,7 +61,24 @@ class RewardPolicy:
         raw = environ.get(USER_REWARDS_ENV, "").strip().lower() or "allow"
         if raw not in ("allow", "deny"):
             raise ValueError(f"{USER_REWARDS_ENV}={raw!r}: use allow or deny")
-        return cls(modules=parse_modules(environ.get(REWARD_MODULES_ENV, "")), allow_any=raw == "allow")
+        return cls.of_deployment(allow_any=raw == "allow", environ=environ)
+
+    @classmethod
+    def of_deployment(cls, *, allow_any: bool, environ: Mapping[str, str] = os.environ) -> RewardPolicy:
+        """The deployment's reward modules (``TRIBUTARY_REWARD_MODULES``) with ``allow_any`` decided
+        by the caller: the web app and the worker never take it from their own environment."""
+        return cls(modules=parse_modules(environ.get(REWARD_MODULES_ENV, "")), allow_any=allow_any)
+
+    def names_own_code(self, refs: Iterable[str]) -> bool:
+        """Whether any ``module:function`` in ``refs`` needs ``allow_any`` under this policy's modules."""
+        strict = RewardPolicy(modules=self.modules, allow_any=False)
+        for ref in refs:
+            if ":" in ref:
+                try:
+                    strict.check_name(ref)
+                except ValueError:
+                    return True
+        return False
 
     def as_env(self) -> dict[str, str]:
         """The environment variables that give a child process this policy."""

@@ -112,3 +112,13 @@ def test_a_process_past_its_cpu_time_is_replaced_and_the_call_is_an_error() -> N
         # the replacement scores the next call
         again = m.score([RewardInput(completion="42", answer="42", prompt="")])
         assert again.components["contains_answer"] == [1.0]
+
+
+def test_a_config_names_own_code_only_outside_the_registry_and_the_modules() -> None:
+    policy = RewardPolicy(modules=frozenset({FIXTURES}))  # allow_any does not matter here
+    assert not policy.names_own_code(["math", f"{FIXTURES}:contains_answer"])
+    assert policy.names_own_code(["math", "timeit:timeit"])
+    assert policy.names_own_code([f"{FIXTURES}:_hidden"])  # refused anyway unless own code is allowed
+    assert RewardPolicy.of_deployment(allow_any=True, environ={"TRIBUTARY_REWARD_MODULES": FIXTURES}) == RewardPolicy(
+        modules=frozenset({FIXTURES}), allow_any=True
+    )

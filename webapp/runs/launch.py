@@ -55,14 +55,13 @@ def reward_policy_for(project: Project, user: Any) -> RewardPolicy:
     (``Team.allow_user_code``, set in Django's admin)."""
     team = project.team
     trusted = team.allow_user_code and team.allows(user, Role.ADMIN)
-    return RewardPolicy(modules=RewardPolicy.from_env().modules, allow_any=trusted)
+    return RewardPolicy.of_deployment(allow_any=trusted)
 
 
 def runs_own_code(config: dict[str, Any]) -> bool:
     """Whether a validated config names a reward outside the registry and the deployment's modules."""
-    modules = RewardPolicy.from_env().modules
     names = [f.get("name", "") for f in (config.get("reward") or {}).get("functions") or []]
-    return any(":" in n and n.partition(":")[0] not in modules for n in names)
+    return RewardPolicy.of_deployment(allow_any=False).names_own_code(names)
 
 
 def validate_run_config(config: dict[str, Any], policy: RewardPolicy | None = None) -> dict[str, Any]:
@@ -74,7 +73,7 @@ def validate_run_config(config: dict[str, Any], policy: RewardPolicy | None = No
     if not isinstance(config, dict):
         raise RunConfigInvalid([("config", f"must be an object (a RunConfig), got {type(config).__name__}")])
     if policy is None:
-        policy = RewardPolicy(modules=RewardPolicy.from_env().modules, allow_any=False)
+        policy = RewardPolicy.of_deployment(allow_any=False)
     try:
         cfg = build_config(dict(config), reward_policy=policy)
     except ConfigError as exc:
