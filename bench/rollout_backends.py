@@ -22,7 +22,6 @@ the weights (an in-place ``copy_`` of every tensor, the least any backend holdin
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -30,12 +29,17 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench.rollout_torch import make_prompts  # noqa: E402
+from bench.rollout_torch import (  # noqa: E402
+    add_workload_arguments,
+    make_prompts,
+    print_rows,
+    print_workload,
+    resolve_workload,
+    start_workload,
+)
 from engine.models import load_model, load_tokenizer, make_model  # noqa: E402
 from engine.models.build import count_parameters  # noqa: E402
 from engine.rollout import SamplingParams, make_rollout_backend  # noqa: E402
@@ -116,28 +120,24 @@ def bench_model(size: str, path: Path, args: argparse.Namespace) -> tuple[Throug
 
 
 def print_tables(rows: list[Throughput], syncs: list[Sync], args: argparse.Namespace) -> None:
-    print(
-        f"\nrollout: {args.prompts} prompts x n={args.n} = {args.prompts * args.n} sequences, "
-        f"<= {args.new_tokens} new tokens, temperature 1, torch threads {torch.get_num_threads()}, "
-        f"median of {args.repeats} rounds"
-    )
-    header = f"{'model':<7}{'params':>9}  {'tokens (torch/vllm)':>20}{'torch tok/s':>13}{'vLLM tok/s':>12}{'ratio':>8}"
-    print(header)
-    print("-" * len(header))
-    for c in rows:
-        print(
+    print_workload(args)
+    print_rows(
+        f"{'model':<7}{'params':>9}  {'tokens (torch/vllm)':>20}{'torch tok/s':>13}{'vLLM tok/s':>12}{'ratio':>8}",
+        (
             f"{c.model:<7}{c.params / 1e6:>8.2f}M  {f'{c.torch_tokens}/{c.vllm_tokens}':>20}"
             f"{c.torch_tps:>13,.0f}{c.vllm_tps:>12,.0f}{c.vllm_tps / c.torch_tps:>7.2f}x"
-        )
+            for c in rows
+        ),
+    )
     print(f"\nweight sync (update_weights, full state dict), median of {args.sync_repeats} calls")
-    header = f"{'model':<7}{'params':>9}  {'MB (fp32)':>10}{'torch copy_ ms':>16}{'vLLM reload ms':>16}{'ratio':>8}"
-    print(header)
-    print("-" * len(header))
-    for s in syncs:
-        print(
+    print_rows(
+        f"{'model':<7}{'params':>9}  {'MB (fp32)':>10}{'torch copy_ ms':>16}{'vLLM reload ms':>16}{'ratio':>8}",
+        (
             f"{s.model:<7}{s.params / 1e6:>8.2f}M  {s.params * 4 / 1e6:>10.1f}{s.torch_s * 1e3:>16.2f}"
             f"{s.vllm_s * 1e3:>16.2f}{s.vllm_s / s.torch_s:>7.1f}x"
-        )
+            for s in syncs
+        ),
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -149,31 +149,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--sync-models", nargs="+", default=["tiny", "small", "base"], choices=("tiny", "small", "base")
     )
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--n", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--new-tokens", type=int, default=None, help="default 64 (32 with --quick)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5, 2 with --quick)")
+    add_workload_arguments(parser)
     parser.add_argument(
         "--sync-repeats", type=int, default=None, help="timed syncs (default 10, 3 with --quick)"
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--verbose", action="store_true", help="print every timed call")
     args = parser.parse_args()
-    args.new_tokens = args.new_tokens or (32 if args.quick else 64)
-    args.repeats = args.repeats or (2 if args.quick else 5)
+    resolve_workload(args)
     args.sync_repeats = args.sync_repeats or (3 if args.quick else 10)
     return args
 
 
 def main() -> None:
     args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)  # before vLLM starts: it makes set_num_threads a no-op
-    load = os.getloadavg()[0]
-    print(
-        f"load average {load:.2f} on {os.cpu_count()} CPUs"
-        + (" (busy: figures are noisy)" if load > 1 else "")
-    )
+    start_workload(args)
     rows, syncs = [], []
     with tempfile.TemporaryDirectory(prefix="bench-rollout-backends-") as tmp:
         for size in ("tiny", "small", "base"):

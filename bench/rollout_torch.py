@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -174,23 +175,65 @@ def run_model(size: str, path: Path, args: argparse.Namespace) -> list[Case]:
     return cases
 
 
-def print_table(cases: list[Case], args: argparse.Namespace) -> None:
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload options of both rollout benches (this one and rollout_backends.py)."""
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--n", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--new-tokens", type=int, default=None, help="default 64 (32 with --quick)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5, 2 with --quick)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--verbose", action="store_true", help="print every timed call")
+
+
+def resolve_workload(args: argparse.Namespace) -> None:
+    """Fill the defaults of :func:`add_workload_arguments` that depend on ``--quick``."""
+    args.new_tokens = args.new_tokens or (32 if args.quick else 64)
+    args.repeats = args.repeats or (2 if args.quick else 5)
+
+
+def start_workload(args: argparse.Namespace) -> None:
+    """Set the torch threads (before vLLM starts: it makes set_num_threads a no-op) and print the
+    load average, which says how far the figures can be trusted."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0]
+    print(
+        f"load average {load:.2f} on {os.cpu_count()} CPUs"
+        + (" (busy: figures are noisy)" if load > 1 else "")
+    )
+
+
+def print_workload(args: argparse.Namespace) -> None:
+    """The title of a rollout throughput table."""
     print(
         f"\nrollout: {args.prompts} prompts x n={args.n} = {args.prompts * args.n} sequences, "
         f"<= {args.new_tokens} new tokens, temperature 1, torch threads {torch.get_num_threads()}, "
         f"median of {args.repeats} rounds"
     )
+
+
+def print_rows(header: str, lines: Iterable[str]) -> None:
+    """A table: ``header``, a rule as wide, then ``lines``."""
+    print(header)
+    print("-" * len(header))
+    for line in lines:
+        print(line)
+
+
+def print_table(cases: list[Case], args: argparse.Namespace) -> None:
+    print_workload(args)
     header = (
         f"{'model':<7}{'params':>9}  {'scenario':<11}{'tokens (hf/ours)':>18}"
         f"{'HF generate tok/s':>19}{'torch backend tok/s':>21}{'ratio':>8}"
     )
-    print(header)
-    print("-" * len(header))
-    for c in cases:
-        print(
+    print_rows(
+        header,
+        (
             f"{c.model:<7}{c.params / 1e6:>8.2f}M  {c.scenario:<11}{f'{c.hf_tokens}/{c.backend_tokens}':>18}"
             f"{c.hf_tps:>19,.0f}{c.backend_tps:>21,.0f}{c.backend_tps / c.hf_tps:>7.2f}x"
-        )
+            for c in cases
+        ),
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -203,32 +246,20 @@ def parse_args() -> argparse.Namespace:
         choices=("tiny", "small", *SPECS, "base"),
         help="make_model sizes tiny/small/base or the bench's own 2m/6m (default: 2m 6m base)",
     )
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--n", type=int, default=8, help="completions per prompt")
-    parser.add_argument("--new-tokens", type=int, default=None, help="default 64 (32 with --quick)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5, 2 with --quick)")
+    add_workload_arguments(parser)
     parser.add_argument(
         "--scenarios", nargs="+", default=["natural", "early-stop"], choices=("natural", "early-stop")
     )
     parser.add_argument("--max-batch-size", type=int, default=512)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--verbose", action="store_true", help="print every timed call")
     args = parser.parse_args()
     args.models = args.models or (["2m", "6m"] if args.quick else ["2m", "6m", "base"])
-    args.new_tokens = args.new_tokens or (32 if args.quick else 64)
-    args.repeats = args.repeats or (2 if args.quick else 5)
+    resolve_workload(args)
     return args
 
 
 def main() -> None:
     args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    load = os.getloadavg()[0]
-    print(
-        f"load average {load:.2f} on {os.cpu_count()} CPUs"
-        + (" (busy: figures are noisy)" if load > 1 else "")
-    )
+    start_workload(args)
     cases = []
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         for size in args.models:

@@ -65,8 +65,8 @@ def run_config(model_dir: Path, backend: str, ranks: int, steps: int):
 
 
 def make_batch(vocab: int, step: int):
+    from engine.batch import Rollout, collate
     from engine.data import Prompt
-    from engine.pipeline.batch import Rollout, collate
     from engine.rollout import Completion
 
     gen = torch.Generator().manual_seed(step)

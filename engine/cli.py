@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from engine.config import PRESETS, ConfigError, load_config
+from engine.contracts import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_NAMES, EXIT_SUCCEEDED
 
 USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, OSError)
 
@@ -89,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_CONFIG
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -100,43 +101,43 @@ def _dispatch(args: argparse.Namespace) -> int:
         from engine.config import json_schema
 
         print(json.dumps(json_schema(), indent=2))
-        return 0
+        return EXIT_SUCCEEDED
     if args.command == "presets":
         for name, values in PRESETS.items():
             print(f"{name}: {json.dumps(values.get('algorithm', {}))}")
-        return 0
+        return EXIT_SUCCEEDED
     if args.command == "make-model":
         from engine.models import make_model_cli
 
         make_model_cli(args.dir, arch=args.arch, size=args.size, seed=args.seed)
-        return 0
+        return EXIT_SUCCEEDED
     if args.command == "export-checkpoint":
         from engine.checkpoint import resolve_checkpoint
         from engine.trainer.deepspeed_backend import export_checkpoint
 
         print(export_checkpoint(resolve_checkpoint(args.checkpoint), Path(args.out_dir)))
-        return 0
+        return EXIT_SUCCEEDED
     if args.command == "starter":
         from engine.models import starter_policy
 
         print(starter_policy(args.task, args.difficulty, progress=_print_progress))
-        return 0
+        return EXIT_SUCCEEDED
 
     cfg = load_config(args.config, args.overrides)
     if args.command == "validate":
         print(
             f"ok: {args.config} is a valid run config ({cfg.algorithm.adv_estimator}/{cfg.algorithm.policy_loss})"
         )
-        return 0
+        return EXIT_SUCCEEDED
     if args.command == "show":
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
-        return 0
+        return EXIT_SUCCEEDED
     from engine.launch import is_rank_process, launch_ranks, rank_info
 
     if cfg.trainer.backend == "deepspeed" and cfg.trainer.num_ranks > 1 and not is_rank_process():
         # N copies of this very command as the ranks of one job (engine/launch.py says why not torchrun).
         return launch_ranks([sys.executable, "-m", "engine", *args.argv], cfg.trainer.num_ranks)
-    from engine.run import EXIT_NAMES, execute
+    from engine.run import execute
 
     if args.progress:
         cfg.logging.progress = args.progress

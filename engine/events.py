@@ -1,7 +1,8 @@
-"""The engine's event stream: the JSONL protocol of DESIGN.md.
+"""The engine's event stream: the JSONL protocol of ARCHITECTURE.md.
 
 Every event is one JSON object per line with ``run``, ``seq`` (1, 2, 3, ... never reused,
-also across a resume) and ``type`` (status, metrics, samples, checkpoint, log, heartbeat).
+also across a resume) and ``type`` (status, metrics, samples, checkpoint, log, heartbeat; the
+types and their fields are in ``engine.contracts``).
 The engine's own log is the source of truth that the worker ships to the web app, so each
 line is written whole and flushed (and fsynced for events that must survive a crash:
 status and checkpoint), as strict JSON that the web app can store (``clean``).
@@ -17,11 +18,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
-EventType = Literal["status", "metrics", "samples", "checkpoint", "log", "heartbeat"]
-RunState = Literal["starting", "running", "succeeded", "failed", "cancelled"]
-EVENT_TYPES: tuple[str, ...] = ("status", "metrics", "samples", "checkpoint", "log", "heartbeat")
+from engine.contracts import EngineState, EventType
 
 
 def last_seq_in(path: Path) -> int:
@@ -144,7 +143,7 @@ class EventSink:
             return self.seq
 
     # One method per event type, so call sites read as the protocol table.
-    def status(self, state: RunState, message: str = "") -> int:
+    def status(self, state: EngineState, message: str = "") -> int:
         return self.emit("status", durable=True, state=state, message=message)
 
     def metrics(self, step: int, values: dict[str, float]) -> int:
@@ -169,8 +168,8 @@ class EventSink:
             self._fh = None
 
 
-class Heartbeat:
-    """Emits a heartbeat every ``interval`` seconds from a daemon thread while a run lives."""
+class EventHeartbeat:
+    """Emits a heartbeat event every ``interval`` seconds from a daemon thread while a run lives."""
 
     def __init__(self, sink: EventSink, interval: float) -> None:
         self._sink = sink
@@ -182,7 +181,7 @@ class Heartbeat:
         while not self._stop.wait(self._interval):
             self._sink.heartbeat()
 
-    def __enter__(self) -> Heartbeat:
+    def __enter__(self) -> EventHeartbeat:
         self._thread.start()
         return self
 

@@ -45,7 +45,8 @@ def rank_info() -> tuple[int, int, int]:
     return rank, world, local
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now, for ``MASTER_PORT`` (the ranks' rendezvous)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -70,7 +71,7 @@ def launch_ranks(argv: Sequence[str], num_ranks: int, *, env: dict[str, str] | N
     base.update(
         {
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(free_port()),
             "WORLD_SIZE": str(num_ranks),
             "LOCAL_WORLD_SIZE": str(num_ranks),
             LAUNCHED_ENV: "1",

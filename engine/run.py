@@ -21,8 +21,9 @@ import torch
 
 from engine.checkpoint import load_state, resolve_checkpoint, restore_rng
 from engine.config import RunConfig
+from engine.contracts import EXIT_CANCELLED, EXIT_SUCCEEDED
 from engine.data import PromptSampler, load_prompts
-from engine.events import EventSink, Heartbeat
+from engine.events import EventHeartbeat, EventSink
 from engine.models import load_model, load_tokenizer, resolve_model_path
 from engine.pipeline.async_loop import AsyncOrchestrator
 from engine.pipeline.learner import Learner, needs_reference
@@ -31,19 +32,7 @@ from engine.pipeline.producer import RolloutProducer
 from engine.rewards import RewardManager
 from engine.rollout import RolloutBackend, make_rollout_backend
 from engine.rollout.process_backend import BackendSpec, ProcessRolloutBackend, visible_device_env
-from engine.trainer import TorchTrainer, TrainerBackend
-
-EXIT_SUCCEEDED = 0
-EXIT_FAILED = 1
-EXIT_BAD_CONFIG = 2
-EXIT_CANCELLED = 3
-"""Exit codes: the worker maps them to the run's final state."""
-EXIT_NAMES = {
-    EXIT_SUCCEEDED: "succeeded",
-    EXIT_FAILED: "failed",
-    EXIT_BAD_CONFIG: "bad config",
-    EXIT_CANCELLED: "cancelled",
-}
+from engine.trainer import make_trainer
 
 
 def pick_device(name: str, field: str = "trainer.device") -> torch.device:
@@ -154,7 +143,7 @@ def _execute(
         )
     sink.status("starting", f"resuming from {checkpoint}" if checkpoint else "loading model and data")
     try:
-        with Heartbeat(sink, cfg.logging.heartbeat_s):
+        with EventHeartbeat(sink, cfg.logging.heartbeat_s):
             outcome_state, step = _train(cfg, sink, run_dir, checkpoint, state, show_progress)
     except KeyboardInterrupt:
         sink.status("cancelled", "interrupted before a checkpoint could be written")
@@ -196,7 +185,7 @@ def _train(
         )
     sampler = PromptSampler(splits.train, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
     backend = build_rollout_backend(cfg, model, tokenizer, path, device)
-    trainer = make_trainer(model, cfg, device)
+    trainer = make_trainer(cfg.trainer.backend, model, cfg, device=device, need_reference=needs_reference(cfg))
     learner = Learner(cfg, trainer)
     start_step = 0
     if checkpoint is not None:
@@ -299,15 +288,6 @@ def build_rollout_backend(
 def orchestrator_class(cfg: RunConfig) -> type[Orchestrator]:
     """The synchronous loop, or the producer thread: k > 0 steps ahead, or periodic (on-policy, within the step)."""
     return AsyncOrchestrator if cfg.async_.max_staleness > 0 or cfg.async_.periodic else Orchestrator
-
-
-def make_trainer(model: torch.nn.Module, cfg: RunConfig, device: torch.device) -> TrainerBackend:
-    """The trainer backend ``trainer.backend`` names, around ``model``."""
-    if cfg.trainer.backend == "deepspeed":
-        from engine.trainer.deepspeed_backend import DeepSpeedTrainer
-
-        return DeepSpeedTrainer(model, cfg, device=device, need_reference=needs_reference(cfg))
-    return TorchTrainer(model, cfg, device=device, need_reference=needs_reference(cfg))
 
 
 def _follow(cfg: RunConfig) -> int:

@@ -2,10 +2,10 @@
 
 A worker reports :class:`Capabilities` (its queues, CPU and memory, each GPU's model and
 memory, the backends installed in its environment); a run's config implies
-:class:`Requirements` (GPUs, backends). The web app compares them before a run waits in a
-queue no worker can serve (the run page then says what is missing), and the worker checks
-them again before it starts the engine, so a run never fails half-way because a package or a
-GPU was missing.
+:class:`~engine.requirements.Requirements` (GPUs, backends; the engine reads them from its
+``RunConfig``). The web app compares them before a run waits in a queue no worker can serve
+(the run page then says what is missing), and the worker checks them again before it starts
+the engine, so a run never fails half-way because a package or a GPU was missing.
 
 Backends are detected from installed distributions (``importlib.metadata``), never by
 importing them: importing vLLM takes seconds and changes the process (thread settings).
@@ -22,6 +22,10 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any
+
+from engine.config import build_config
+from engine.requirements import Requirements, run_requirements
+from engine.rewards.policy import RewardPolicy
 
 log = logging.getLogger(__name__)
 
@@ -67,61 +71,18 @@ class Capabilities:
         return cls(**{k: v for k, v in fields.items() if k in known})
 
 
-@dataclass(frozen=True)
-class Requirements:
-    """What a run needs from the machine that runs it."""
-
-    gpus: int = 0
-    backends: frozenset[str] = frozenset({"torch"})
-
-    def describe(self) -> str:
-        parts = [f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}"] if self.gpus else ["no GPU"]
-        extra = sorted(self.backends - {"torch"})
-        if extra:
-            parts.append("backends " + ", ".join(extra))
-        return " and ".join(parts)
-
-
 def requirements(config: dict[str, Any]) -> Requirements:
-    """The machine a run's (validated) config needs.
-
-    GPUs: ``trainer.device: cuda`` needs one per rank (``trainer.num_ranks``, DeepSpeed's data
-    parallel ranks; 1 otherwise), or more when ``rollout.device`` names a further GPU; ``auto``
-    runs anywhere (on the GPUs a worker lends it, else on its CPUs). Backends: ``rollout.backend``, ``trainer.backend`` and a ``triton`` log-prob
-    kernel must be installed on the worker.
-    """
-    rollout = config.get("rollout") or {}
-    trainer = config.get("trainer") or {}
-    backends = {"torch"}
-    for name in (rollout.get("backend"), trainer.get("backend")):
-        if name and name != "torch":
-            backends.add(str(name))
-    if trainer.get("logprob_impl") == "triton":
-        backends.add("triton")
-    gpus = gpu_set(config) if trainer.get("device") == "cuda" else 0
-    return Requirements(gpus=gpus, backends=frozenset(backends))
+    """The machine a run needs, from its validated config as the web app stores and sends it (the
+    ``RunConfig`` JSON); ``ConfigError`` naming the field if it no longer validates. Its reward
+    names are checked only for their form: whether the run may name them was decided at launch,
+    and nothing is imported or run here."""
+    return run_requirements(build_config(config, reward_policy=RewardPolicy(allow_any=True)))
 
 
-def ranks(config: dict[str, Any]) -> int:
-    return max(1, int((config.get("trainer") or {}).get("num_ranks") or 1))
-
-
-def gpu_set(config: dict[str, Any]) -> int:
-    """GPUs a run uses on a GPU worker: one per trainer rank, and as many as its rollout device
-    reaches (``rollout.device: cuda:N`` generates on the (N+1)-th GPU it is lent)."""
-    device = str((config.get("rollout") or {}).get("device") or "auto")
-    rollout = int(device.split(":")[1]) + 1 if device.startswith("cuda:") else 0
-    return max(ranks(config), rollout)
-
-
-def gpus_to_lend(config: dict[str, Any], caps: Capabilities) -> int:
-    """GPUs a worker lends a run: one per rank, unless the run is on the CPU or the worker has none.
-
-    ``trainer.device: auto`` on a GPU worker takes GPUs like ``cuda`` does: one run per GPU set.
-    """
-    if not caps.gpus or (config.get("trainer") or {}).get("device") == "cpu":
-        return 0
-    return gpu_set(config)
+def gpus_to_lend(need: Requirements, caps: Capabilities) -> int:
+    """GPUs a worker lends a run: those it uses (``Requirements.gpus_used``), none when the worker
+    has none."""
+    return need.gpus_used if caps.gpus else 0
 
 
 def missing(caps: Capabilities, req: Requirements, gpus_free: int | None = None) -> list[str]:

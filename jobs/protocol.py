@@ -35,17 +35,8 @@ Shipping is stop-and-wait per batch: send a batch, wait for its ack, send the ne
 
 from __future__ import annotations
 
-# Close codes (4000-4999 are the application's, RFC 6455 section 7.4.2).
-CLOSE_BAD_MESSAGE = 4400  # not JSON, not an object, unknown message type
-CLOSE_BAD_TOKEN = 4401  # missing, forged or expired token: get a new one by requeueing
-CLOSE_WRONG_RUN = 4403  # a valid token, but for another run
-CLOSE_NO_RUN = 4404  # the run does not exist (deleted)
-CLOSE_TOO_BIG = 4413  # message larger than MAX_MESSAGE_BYTES
-CLOSE_RUN_OVER = 4410  # the engine's final status is stored: the attempt takes no more events
-CLOSE_BAD_EVENT = 4422  # an event without a usable seq; nothing of the batch was stored
-
-# Codes after which reconnecting cannot help: the supervisor stops the run instead.
-FATAL_CLOSE_CODES = frozenset({CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_RUN_OVER, CLOSE_BAD_EVENT})
+# Close codes, and the ones after which reconnecting cannot help (the supervisor stops the run
+# instead), are in engine.contracts with the other contracts between the parts.
 
 # How deep one event's JSON may nest on the socket. The engine writes at most
 # ``engine.events.MAX_DEPTH`` (32) levels; the worker replaces a line deeper than this by a

@@ -129,7 +129,7 @@ def registry_from_env(environ: dict[str, str] | os._Environ[str] | None = None) 
     return RedisRegistry(url) if url else FileRegistry(broker_folder(env) / "workers")
 
 
-class Heartbeat:
+class RegistryHeartbeat:
     """Publishes a worker's entry now and every ``interval`` seconds until ``stop()``.
 
     ``state()`` returns ``(running run ids, busy GPU indices)`` at each beat; ``beat()`` may be
@@ -152,7 +152,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="worker-heartbeat", daemon=True)
 
-    def start(self) -> Heartbeat:
+    def start(self) -> RegistryHeartbeat:
         self.beat()
         self._thread.start()
         return self

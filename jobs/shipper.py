@@ -46,9 +46,9 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
+from engine.contracts import FATAL_CLOSE_CODES
 from jobs.protocol import (
     ATTACH_CLAIM,
-    FATAL_CLOSE_CODES,
     HELLO_CLAIMS,
     INGEST_PATH,
     MAX_BATCH_EVENTS,

@@ -46,6 +46,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.contracts import (
+    ENGINE_FINAL_STATES,
+    EXIT_CANCELLED,
+    EXIT_NAMES,
+    EXIT_STATES,
+    EXIT_SUCCEEDED,
+    FINAL_STATES,
+)
 from engine.events import EventSink
 from engine.paths import DATA_DIR_ENV, data_dir
 from engine.rewards.policy import RewardPolicy
@@ -62,9 +70,6 @@ DRAIN_TIMEOUT_ENV = "SHIP_DRAIN_TIMEOUT"
 CONNECT_TIMEOUT_ENV = "TRIBUTARY_CONNECT_TIMEOUT"
 DEFAULT_WEB_URL = "http://127.0.0.1:8000"
 
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
-ENGINE_FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
-EXIT_STATES = {0: "succeeded", 1: "failed", 2: "failed", 3: "cancelled"}
 STDERR_TAIL_LINES = 40
 
 CONFIG_FILE = "config.json"
@@ -164,7 +169,8 @@ def describe_exit(code: int) -> str:
         except ValueError:
             name = f"signal {-code}"
         return f"the engine was killed by {name}"
-    meaning = {1: "failed", 2: "bad config", 3: "cancelled"}.get(code, "unknown exit code")
+    # Exit 0 is described only when the engine left without its final status: it means nothing then.
+    meaning = EXIT_NAMES[code] if code in EXIT_NAMES and code != EXIT_SUCCEEDED else "unknown exit code"
     return f"the engine exited with code {code} ({meaning})"
 
 
@@ -486,7 +492,7 @@ class RunSupervisor:
         final = last_status(self.events_path, after=self._log_start)
         if final is not None and final.get("state") in ENGINE_FINAL_STATES:
             return str(final["state"])
-        cancelled = self._cancel.is_set() and (code < 0 or code == 3)
+        cancelled = self._cancel.is_set() and (code < 0 or code == EXIT_CANCELLED)
         state = "cancelled" if cancelled else EXIT_STATES.get(code, "failed")
         if state == "succeeded":  # exit 0 without saying so: do not claim success
             state = "failed"

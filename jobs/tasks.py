@@ -1,6 +1,6 @@
 """The Celery task a worker runs for each queued run: supervise the engine and ship its events.
 
-Sent by the web app (``webapp.runs.launch.queue_run``) to the queue the run names, with the
+Sent by the web app (``webapp.runs.queueing.queue_run``) to the queue the run names, with the
 run id, the full validated config, a per-run ingest token, the web app's event cursor
 (``start_seq``) and, for a resume, the checkpoint to start from. The run's outcome travels
 over the ingest socket; the return value (a small dict) is for logs and tests only.
@@ -17,7 +17,7 @@ from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from jobs.app import SUPERVISE_TASK
 from jobs.capabilities import Capabilities, gpus_to_lend, missing, probe, requirements
-from jobs.registry import Heartbeat, registry_from_env
+from jobs.registry import RegistryHeartbeat, registry_from_env
 from jobs.slots import SLOTS
 from jobs.supervisor import RunSupervisor, cancel_all
 
@@ -60,7 +60,7 @@ def supervise_run(
     caps = this_worker(getattr(self.request, "hostname", "") or "")
     need = requirements(config)
     reasons = missing(caps, need, gpus_free=SLOTS.free())
-    gpus = None if reasons else SLOTS.acquire(run_id, gpus_to_lend(config, caps))
+    gpus = None if reasons else SLOTS.acquire(run_id, gpus_to_lend(need, caps))
     if gpus is None:
         # Not a failure: the run waits in its queue for a worker that has what it needs (the
         # web app's run page says which, from the registry). Another worker may take it first.
@@ -101,7 +101,7 @@ def _register_worker(sender: Any = None, **_: Any) -> None:
     concurrency = int(getattr(getattr(consumer, "controller", None), "concurrency", 1) or 1)
     caps = this_worker(getattr(consumer, "hostname", ""), queues, concurrency)
     caps.queues, caps.concurrency = queues, concurrency
-    _worker["heartbeat"] = Heartbeat(registry_from_env(), caps, SLOTS.state).start()
+    _worker["heartbeat"] = RegistryHeartbeat(registry_from_env(), caps, SLOTS.state).start()
     log.info(
         "worker %s: queues %s, %d CPUs, %d GPUs, backends %s",
         caps.name, ",".join(queues), caps.cpus, len(caps.gpus), ", ".join(f"{k} {v}" for k, v in caps.backends.items()),

@@ -29,6 +29,9 @@ Gradients, per token (rows of the chunk), with ``g_logp`` and ``g_H`` the upstre
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
@@ -36,6 +39,8 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "IMPLEMENTATIONS",
+    "LogprobsEntropyFunction",
+    "check_inputs",
     "fused_logprobs_entropy",
     "logprobs_from_hidden",
     "naive_logprobs_entropy",
@@ -85,9 +90,11 @@ def _chunk_logits(
     return out
 
 
-def _check_inputs(
+def check_inputs(
     hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None, temperature: float, chunk_size: int
 ) -> None:
+    """Refuse bad shapes, dtypes, temperature or chunk size with a message naming them; every
+    implementation (fused, naive, Triton) checks with this, so each refuses the same input the same way."""
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"expected hidden [N, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}"
@@ -110,8 +117,8 @@ def _chunked_forward(
     labels: Tensor,
     bias: Tensor | None,
     temperature: float,
-    chunk_size: int,
     compute_entropy: bool,
+    chunk_size: int,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Return ``(logprobs, lse, entropy or None)``, each ``[N]``, one ``[chunk, V]`` block at a time.
 
@@ -143,8 +150,26 @@ def _chunked_forward(
     return logprobs, lse, entropy
 
 
-class _FusedLogprobsEntropy(torch.autograd.Function):
-    """Chunked logprobs/entropy; saves no logits and recomputes them chunk by chunk in backward."""
+class LogprobsEntropyFunction(torch.autograd.Function):
+    """The autograd Function shared by the memory-lean implementations (torch chunks, Triton tiles).
+
+    They differ in how they compute the statistics and the gradients, not in what they keep between
+    the two: forward saves the inputs and two numbers per token (``lse`` and ``H``) and no logits,
+    which backward recomputes. A subclass is one implementation; it defines two staticmethods:
+
+    * ``statistics(hidden, weight, labels, bias, temperature, compute_entropy, tiling)`` ->
+      ``(logprobs, lse, entropy or None)``, each ``[N]``;
+    * ``gradients(ctx, saved, grad_logprobs, grad_entropy)`` -> ``(grad_hidden, grad_weight,
+      grad_bias)``, each None where ``ctx.needs_input_grad`` says it is not needed; ``saved`` is
+      ``(hidden, weight, labels, bias, lse, entropy)``, ``grad_entropy`` is None when the entropy
+      was not computed, and ``ctx.temperature`` and ``ctx.tiling`` (the implementation's chunk size
+      or tile sizes) are set.
+
+    Callers go through :meth:`run`.
+    """
+
+    statistics: Callable[..., tuple[Tensor, Tensor, Tensor | None]]
+    gradients: Callable[..., tuple[Tensor | None, Tensor | None, Tensor | None]]
 
     @staticmethod
     def forward(
@@ -154,20 +179,22 @@ class _FusedLogprobsEntropy(torch.autograd.Function):
         labels: Tensor,
         bias: Tensor | None,
         temperature: float,
-        chunk_size: int,
         compute_entropy: bool,
+        tiling: Any,
+        implementation: type[LogprobsEntropyFunction],
     ) -> tuple[Tensor, Tensor]:
-        logprobs, lse, entropy = _chunked_forward(
-            hidden, weight, labels, bias, temperature, chunk_size, compute_entropy
+        logprobs, lse, entropy = implementation.statistics(
+            hidden, weight, labels, bias, temperature, compute_entropy, tiling
         )
         if entropy is None:
-            # autograd.Function outputs must be tensors; the public wrapper turns this into None.
+            # autograd.Function outputs must be tensors; run turns this into None.
             entropy = logprobs.new_empty(0)
             ctx.mark_non_differentiable(entropy)
         ctx.save_for_backward(hidden, weight, labels, bias, lse, entropy)
         ctx.temperature = temperature
-        ctx.chunk_size = chunk_size
         ctx.compute_entropy = compute_entropy
+        ctx.tiling = tiling
+        ctx.implementation = implementation
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None and costs nothing
         return logprobs, entropy
 
@@ -176,13 +203,50 @@ class _FusedLogprobsEntropy(torch.autograd.Function):
     def backward(
         ctx: FunctionCtx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        hidden, weight, labels, bias, lse, entropy = ctx.saved_tensors
         if not ctx.compute_entropy:
             grad_entropy = None
         if grad_logprobs is None and grad_entropy is None:
-            return None, None, None, None, None, None, None
+            return (None,) * 8
+        grad_hidden, grad_weight, grad_bias = ctx.implementation.gradients(
+            ctx, ctx.saved_tensors, grad_logprobs, grad_entropy
+        )
+        return grad_hidden, grad_weight, None, grad_bias, None, None, None, None
+
+    @classmethod
+    def run(
+        cls,
+        hidden: Tensor,
+        weight: Tensor,
+        labels: Tensor,
+        bias: Tensor | None,
+        temperature: float,
+        compute_entropy: bool,
+        tiling: Any,
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(logprobs, entropy or None)``; if nothing requires a gradient (or grad mode is off)
+        only ``statistics`` runs, with no autograd bookkeeping."""
+        differentiable = [hidden, weight] + ([bias] if bias is not None else [])
+        if not (torch.is_grad_enabled() and any(t.requires_grad for t in differentiable)):
+            logprobs, _, entropy = cls.statistics(
+                hidden, weight, labels, bias, temperature, compute_entropy, tiling
+            )
+            return logprobs, entropy
+        logprobs, entropy = cls.apply(hidden, weight, labels, bias, temperature, compute_entropy, tiling, cls)
+        return logprobs, (entropy if compute_entropy else None)
+
+
+class _FusedLogprobsEntropy(LogprobsEntropyFunction):
+    """Chunked logprobs/entropy; recomputes the logits chunk by chunk in backward."""
+
+    statistics = staticmethod(_chunked_forward)
+
+    @staticmethod
+    def gradients(
+        ctx: FunctionCtx, saved: tuple[Tensor, ...], grad_logprobs: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        hidden, weight, labels, bias, lse, entropy = saved
         need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
-        n, chunk_size, temperature = hidden.shape[0], ctx.chunk_size, ctx.temperature
+        n, chunk_size, temperature = hidden.shape[0], ctx.tiling, ctx.temperature
         dtype = lse.dtype  # float32, or float64 for float64 inputs
 
         grad_hidden = (
@@ -233,7 +297,7 @@ class _FusedLogprobsEntropy(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, None, grad_bias, None, None, None
+        return grad_hidden, grad_weight, grad_bias
 
 
 def fused_logprobs_entropy(
@@ -264,17 +328,8 @@ def fused_logprobs_entropy(
     ``[chunk_size, V]`` block at a time, in forward and again in backward. If nothing requires a
     gradient (or grad mode is off) only the chunked forward runs, with no autograd bookkeeping.
     """
-    _check_inputs(hidden, weight, labels, bias, temperature, chunk_size)
-    differentiable = [hidden, weight] + ([bias] if bias is not None else [])
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in differentiable)):
-        logprobs, _, entropy = _chunked_forward(
-            hidden, weight, labels, bias, temperature, chunk_size, compute_entropy
-        )
-        return logprobs, entropy
-    logprobs, entropy = _FusedLogprobsEntropy.apply(
-        hidden, weight, labels, bias, temperature, chunk_size, compute_entropy
-    )
-    return logprobs, (entropy if compute_entropy else None)
+    check_inputs(hidden, weight, labels, bias, temperature, chunk_size)
+    return _FusedLogprobsEntropy.run(hidden, weight, labels, bias, temperature, compute_entropy, chunk_size)
 
 
 def naive_logprobs_entropy(
@@ -355,20 +410,12 @@ def logprobs_from_hidden(
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_labels = labels.reshape(-1)
     impl = resolve_impl(impl, flat_hidden)
-    if impl == "triton":
-        from kernels.triton_logprob import triton_logprobs_entropy
-
-        logprobs, entropy = triton_logprobs_entropy(
-            flat_hidden,
-            weight,
-            flat_labels,
-            temperature=temperature,
-            chunk_size=chunk_size,
-            compute_entropy=compute_entropy,
-            bias=bias,
-        )
-    elif impl == "fused":
-        logprobs, entropy = fused_logprobs_entropy(
+    if impl in ("triton", "fused"):
+        if impl == "triton":
+            from kernels.triton_logprob import triton_logprobs_entropy as lean_logprobs_entropy
+        else:
+            lean_logprobs_entropy = fused_logprobs_entropy
+        logprobs, entropy = lean_logprobs_entropy(
             flat_hidden,
             weight,
             flat_labels,
@@ -378,7 +425,7 @@ def logprobs_from_hidden(
             bias=bias,
         )
     else:
-        _check_inputs(flat_hidden, weight, flat_labels, bias, temperature, chunk_size)
+        check_inputs(flat_hidden, weight, flat_labels, bias, temperature, chunk_size)
         logprobs, entropy = naive_logprobs_entropy(flat_hidden, weight, flat_labels, temperature, bias)
         if not compute_entropy:
             entropy = None

@@ -65,11 +65,11 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import FunctionCtx, once_differentiable
+from torch.autograd.function import FunctionCtx
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from kernels.logprob import DEFAULT_CHUNK_SIZE, _check_inputs
+from kernels.logprob import DEFAULT_CHUNK_SIZE, LogprobsEntropyFunction, check_inputs
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -424,49 +424,21 @@ def _triton_forward(
     return logprobs, lse, entropy
 
 
-class _TritonLogprobsEntropy(torch.autograd.Function):
-    """Triton forward; saves ``lse`` and ``H`` (two floats per token) and recomputes tiles in backward."""
+class _TritonLogprobsEntropy(LogprobsEntropyFunction):
+    """Triton forward; recomputes the logits tile by tile in backward (``ctx.tiling``: the blocks)."""
+
+    statistics = staticmethod(_triton_forward)
 
     @staticmethod
-    def forward(
-        ctx: FunctionCtx,
-        hidden: Tensor,
-        weight: Tensor,
-        labels: Tensor,
-        bias: Tensor | None,
-        temperature: float,
-        compute_entropy: bool,
-        blocks: TritonBlocks,
-    ) -> tuple[Tensor, Tensor]:
-        logprobs, lse, entropy = _triton_forward(
-            hidden, weight, labels, bias, temperature, compute_entropy, blocks
-        )
-        if entropy is None:
-            entropy = logprobs.new_empty(0)  # autograd.Function outputs must be tensors
-            ctx.mark_non_differentiable(entropy)
-        ctx.save_for_backward(hidden, weight, labels, bias, lse, entropy)
-        ctx.temperature = temperature
-        ctx.compute_entropy = compute_entropy
-        ctx.blocks = blocks
-        ctx.set_materialize_grads(False)
-        return logprobs, entropy
-
-    @staticmethod
-    @once_differentiable
-    def backward(
-        ctx: FunctionCtx, grad_logprobs: Tensor | None, grad_entropy: Tensor | None
-    ) -> tuple[Tensor | None, ...]:
-        hidden, weight, labels, bias, lse, entropy = ctx.saved_tensors
-        if not ctx.compute_entropy:
-            grad_entropy = None
-        nothing = (None,) * 7
-        if grad_logprobs is None and grad_entropy is None:
-            return nothing
+    def gradients(
+        ctx: FunctionCtx, saved: tuple[Tensor, ...], grad_logprobs: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        hidden, weight, labels, bias, lse, entropy = saved
         need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
         need_bias = need_bias and bias is not None
         n, dim = hidden.shape
         vocab = weight.shape[0]
-        blocks: TritonBlocks = ctx.blocks
+        blocks: TritonBlocks = ctx.tiling
         f32 = {"dtype": torch.float32, "device": hidden.device}
         # atomics accumulate into zeroed float32 buffers; an unneeded one is a 1-element placeholder
         grad_hidden = torch.zeros((n, dim) if need_hidden else (1,), **f32)
@@ -514,11 +486,7 @@ class _TritonLogprobsEntropy(torch.autograd.Function):
         return (
             grad_hidden.to(hidden.dtype) if need_hidden else None,
             grad_weight.to(weight.dtype) if need_weight else None,
-            None,
             grad_bias.to(bias.dtype) if need_bias else None,
-            None,
-            None,
-            None,
         )
 
 
@@ -544,7 +512,7 @@ def triton_logprobs_entropy(
     the torch version's ``gather`` always raises. Raises ValueError if the kernels cannot run here
     (see :func:`unavailable_reason`).
     """
-    _check_inputs(hidden, weight, labels, bias, temperature, chunk_size)
+    check_inputs(hidden, weight, labels, bias, temperature, chunk_size)
     reason = unavailable_reason(hidden)
     if reason is not None:
         raise ValueError(f"cannot run the Triton logprob kernel: {reason}")
@@ -554,13 +522,4 @@ def triton_logprobs_entropy(
             f"{labels.device}"
         )
     blocks = blocks or default_blocks(hidden.dtype)
-    differentiable = [hidden, weight] + ([bias] if bias is not None else [])
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in differentiable)):
-        logprobs, _, entropy = _triton_forward(
-            hidden, weight, labels, bias, temperature, compute_entropy, blocks
-        )
-        return logprobs, entropy
-    logprobs, entropy = _TritonLogprobsEntropy.apply(
-        hidden, weight, labels, bias, temperature, compute_entropy, blocks
-    )
-    return logprobs, (entropy if compute_entropy else None)
+    return _TritonLogprobsEntropy.run(hidden, weight, labels, bias, temperature, compute_entropy, blocks)

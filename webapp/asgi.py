@@ -5,7 +5,7 @@ uvicorn), so no extra process is needed in embedded mode and workers never need 
 database. It waits ``LOST_AFTER`` seconds after start-up before its first sweep, so workers
 that lost their socket while the web app was down get time to reconnect first. Beside it,
 every ``ROUTE_EVERY`` seconds, queued runs' "waiting for a worker" messages are refreshed from
-the worker registry (``webapp.runs.routing``), and every ``RECONCILE_EVERY`` seconds queued runs
+the worker registry (``webapp.runs.placement``), and every ``RECONCILE_EVERY`` seconds queued runs
 whose broker message is gone (a Redis restarted without persistence) are sent again
 (``webapp.runs.reconcile``).
 """
@@ -30,8 +30,8 @@ from django.conf import settings  # noqa: E402
 
 from jobs.confine import make_undumpable  # noqa: E402
 from webapp.live.routing import websocket_application  # noqa: E402
+from webapp.runs.placement import ROUTE_EVERY, refresh_all_waiting  # noqa: E402
 from webapp.runs.reconcile import reconcile_every, reconcile_queued_runs  # noqa: E402
-from webapp.runs.routing import ROUTE_EVERY, refresh_all_waiting  # noqa: E402
 from webapp.runs.sweeper import sweep_lost_runs  # noqa: E402
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Typed readers for the environment variables that configure the web app.
 
-Settings are environment variables with safe defaults (DESIGN.md): embedded mode needs none,
+Settings are environment variables with safe defaults (ARCHITECTURE.md): embedded mode needs none,
 a team deployment sets ``DATABASE_URL`` (and later ``REDIS_URL``). Every bad value raises
 ``ImproperlyConfigured`` naming the variable, the value and the fix.
 """

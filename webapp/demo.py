@@ -23,8 +23,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from webapp.runs.launch import create_run
 from webapp.runs.models import Run
+from webapp.runs.services import create_run
 from webapp.teams.choices import Role
 from webapp.teams.models import Project, Team
 from webapp.teams.services import create_team, set_role

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 BIGINT_MAX = 2**63 - 1  # PostgreSQL bigint: ids (BigAutoField), seq, offsets
@@ -75,3 +76,21 @@ def parse_id(text: str | None, maximum: int = BIGINT_MAX) -> int | None:
         return None
     value = int(text)
     return value if value <= maximum else None
+
+
+def parse_ids(values: Iterable[str]) -> tuple[list[int], list[str]]:
+    """The ids in comma-separated ``values``, distinct and in order, and the parts that are not ids
+    (``["3, 1,x", "3,,-2"]`` -> ``([3, 1], ["x", "-2"])``); empty parts are skipped."""
+    ids: list[int] = []
+    bad: list[str] = []
+    for raw in values:
+        for part in raw.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            value = parse_id(part)
+            if value is None:
+                bad.append(part)
+            elif value not in ids:
+                ids.append(value)
+    return ids, bad

@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "webapp.runs",
     "webapp.api",
     "webapp.pages",
+    "webapp.embedded",
 ]
 
 MIDDLEWARE = [
@@ -86,13 +87,16 @@ ASGI_APPLICATION = "webapp.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # Templates sit beside the code that renders them: the pages app's own templates/
+        # (APP_DIRS) and one templates/ per page package (launch, rollouts, runs, teams).
+        "DIRS": sorted((BASE_DIR / "webapp" / "pages").glob("*/templates")),
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "webapp.context_processors.contracts",
             ],
         },
     },

@@ -8,13 +8,14 @@ takes keyword arguments with verl's names:
 * ``response_mask`` ``[bs, T]``: 1 for response tokens; advantages are zero where it is 0.
 * ``index``: one group id per row (``np.ndarray``, list or tensor; in verl the prompt ``uid``).
   Rows with equal ids are the ``G`` responses to one prompt.
-* ``epsilon``, ``norm_adv_by_std_in_grpo``, ``config`` (duck-typed: ``gamma``, ``lam``,
-  ``norm_adv_by_std_in_grpo``, see :mod:`engine.algorithms.configs`) and estimator-specific extras.
+* ``epsilon``, ``norm_adv_by_std_in_grpo``, ``config`` (an :class:`~engine.algorithms.configs.AlgoConfig`:
+  ``gamma``, ``norm_adv_by_std_in_grpo``; ``None`` for its defaults) and estimator-specific extras.
 
-Registered names: ``gae``, ``grpo``, ``grpo_vectorized``, ``grpo_passk``, ``grpo_median``
-(alias ``mc_grpo``; not in verl), ``rloo``, ``rloo_vectorized``, ``opo``, ``gpg``, ``remax``,
-``reinforce_plus_plus``, ``reinforce_plus_plus_baseline``. verl's ``gdpo`` and the
-``optimal_token_baseline`` pair are not provided.
+Registered names: ``grpo``, ``grpo_vectorized``, ``grpo_passk``, ``grpo_median`` (alias ``mc_grpo``;
+not in verl), ``rloo``, ``rloo_vectorized``, ``opo``, ``gpg``, ``reinforce_plus_plus``,
+``reinforce_plus_plus_baseline``: the critic-free estimators, which need nothing beyond the sampled
+groups. verl's ``gae`` (a value model) and ``remax`` (a greedy baseline rollout per prompt) are not
+provided, as the engine trains neither; nor are ``gdpo`` and the ``optimal_token_baseline`` pair.
 
 Group conventions shared with verl: a group of one has baseline 0 and scale 1 (its advantage is
 its raw score) except in ``rloo_vectorized`` (0) and ``grpo_passk`` (error). Standard deviations
@@ -30,12 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.algorithms.configs import config_value
+from engine.algorithms.configs import AlgoConfig
 from engine.algorithms.masked_ops import masked_whiten
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",
-    "compute_gae_advantage_return",
     "compute_gpg_outcome_advantage",
     "compute_grpo_median_outcome_advantage",
     "compute_grpo_outcome_advantage",
@@ -44,7 +44,6 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
-    "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
     "compute_rloo_vectorized_outcome_advantage",
     "get_adv_estimator_fn",
@@ -115,64 +114,18 @@ def _group_ids(index: GroupIndex, batch_size: int, device: torch.device) -> torc
     return torch.tensor(dense, dtype=torch.long, device=device)
 
 
-def _norm_flag(norm_adv_by_std_in_grpo: bool | None, config: Any) -> bool:
+_DEFAULTS = AlgoConfig()
+
+
+def _norm_flag(norm_adv_by_std_in_grpo: bool | None, config: AlgoConfig | None) -> bool:
     if norm_adv_by_std_in_grpo is not None:
         return bool(norm_adv_by_std_in_grpo)
-    return bool(config_value(config, "norm_adv_by_std_in_grpo", True))
+    return bool((config or _DEFAULTS).norm_adv_by_std_in_grpo)
 
 
 def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
     # verl's group-of-one statistics are default-dtype (float32) 0-dim tensors; keep that promotion.
     return torch.tensor(value, device=like.device)
-
-
-# ----------------------------------------------------------------------------- value-based
-
-
-@register_adv_est("gae")
-def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float | None = None,
-    lam: float | None = None,
-    config: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalized Advantage Estimation (Schulman et al., arXiv:1506.02438), then batch whitening.
-
-    ``delta_t = r_t + gamma * V_{t+1} - V_t``; ``A_t = delta_t + gamma * lam * A_{t+1}``, run
-    right to left. Positions with mask 0 (e.g. tool observations in multi-turn) are skipped:
-    they carry the next value and the running advantage through unchanged.
-    ``returns = A + V`` (before whitening); ``advantages = masked_whiten(A, mask)`` (padding is
-    *not* zeroed, as in verl).
-
-    Args:
-        token_level_rewards, values, response_mask: ``[bs, T]``.
-        gamma, lam: discount and GAE lambda; ``None`` reads ``config.gamma`` / ``config.lam`` (1.0).
-
-    Returns:
-        ``(advantages, returns)``, ``[bs, T]`` each.
-    """
-    if gamma is None:
-        gamma = config_value(config, "gamma", 1.0)
-    if lam is None:
-        lam = config_value(config, "lam", 1.0)
-    with torch.no_grad():
-        mask = response_mask.to(values.dtype)
-        next_value: torch.Tensor | float = 0.0
-        running: torch.Tensor | float = 0.0
-        columns = []
-        for t in reversed(range(token_level_rewards.shape[-1])):
-            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
-            candidate = delta + gamma * lam * running
-            next_value = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_value
-            running = candidate * mask[:, t] + (1 - mask[:, t]) * running
-            columns.append(running)
-        advantages = torch.stack(columns[::-1], dim=1)
-        returns = advantages + values
-        advantages = masked_whiten(advantages, response_mask)
-    return advantages, returns
 
 
 # ----------------------------------------------------------------------------- group baselines
@@ -185,7 +138,7 @@ def compute_grpo_outcome_advantage(
     index: GroupIndex,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool | None = True,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage (DeepSeekMath, arXiv:2402.03300, section 4.1.2).
@@ -225,7 +178,7 @@ def compute_grpo_vectorized_outcome_advantage(
     index: GroupIndex,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool | None = True,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO computed with scatter-adds instead of a loop over groups (same formula as ``grpo``).
@@ -265,7 +218,7 @@ def compute_grpo_passk_outcome_advantage(
     index: GroupIndex,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k-style advantage (arXiv:2503.19595, as referenced by verl): only the best response learns.
@@ -274,9 +227,9 @@ def compute_grpo_passk_outcome_advantage(
     ``std_g + epsilon`` when normalising); all other rows get 0. Ties go to the index
     ``torch.topk`` returns. Every group needs at least two rows (``ValueError`` otherwise).
 
-    As in verl, ``config.norm_adv_by_std_in_grpo`` (when ``config`` has it) overrides the keyword.
+    As in verl, ``config.norm_adv_by_std_in_grpo`` (when a ``config`` is given) overrides the keyword.
     """
-    normalise = bool(config_value(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo))
+    normalise = bool(norm_adv_by_std_in_grpo if config is None else config.norm_adv_by_std_in_grpo)
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         out = torch.zeros_like(scores)
@@ -301,7 +254,7 @@ def compute_grpo_median_outcome_advantage(
     index: GroupIndex,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool | None = None,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     scale: str | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,7 +332,7 @@ def compute_rloo_outcome_advantage(
     response_mask: torch.Tensor,
     index: GroupIndex,
     epsilon: float = 1e-6,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE Leave-One-Out (Ahmadian et al., "Back to Basics", arXiv:2402.14740, section 3.2).
@@ -412,7 +365,7 @@ def compute_rloo_vectorized_outcome_advantage(
     response_mask: torch.Tensor,
     index: GroupIndex,
     epsilon: float = 1e-6,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (arXiv:2402.14740) with bincounts: ``A_i = (G*s_i - sum_g(s)) / (G-1)``.
@@ -436,7 +389,7 @@ def compute_opo_outcome_advantage(
     response_mask: torch.Tensor,
     index: GroupIndex,
     epsilon: float = 1e-6,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO's length-weighted optimal baseline (Hao et al., arXiv:2505.23585).
@@ -468,7 +421,7 @@ def compute_gpg_outcome_advantage(
     epsilon: float = 1e-6,
     f_norm: float = 1.0,
     alpha: float = 1.0,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG advantage (Chu et al., "GPG: A Simple and Strong RL Baseline", arXiv:2504.02546).
@@ -490,25 +443,6 @@ def compute_gpg_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_est("remax")
-def compute_remax_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    reward_baselines: torch.Tensor,
-    response_mask: torch.Tensor,
-    config: Any = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax (Li et al., arXiv:2310.10505): the greedy response's reward is the baseline.
-
-    ``returns[i, t] = sum_{t' >= t} r_{i,t'} * mask`` (reward-to-go, no discount);
-    ``A[i, t] = returns[i, t] - b_i * mask[i, t]`` with ``reward_baselines`` ``b`` of shape ``[bs]``.
-    """
-    with torch.no_grad():
-        returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
-        advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
-    return advantages, returns
-
-
 # ----------------------------------------------------------------------------- REINFORCE++
 
 
@@ -516,18 +450,18 @@ def compute_remax_outcome_advantage(
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu, arXiv:2501.03262): discounted return-to-go, whitened over the whole batch.
 
-    ``G_t = r_t + gamma * G_{t+1}`` right to left, with ``gamma = config.gamma`` (1.0 when absent).
+    ``G_t = r_t + gamma * G_{t+1}`` right to left, with ``gamma = config.gamma`` (1.0 without a config).
     Masked positions store 0 and pass the running return through unchanged (multi-turn
     observations). ``advantages = masked_whiten(G, mask) * mask`` (mean and unbiased std over all
     response tokens of the batch); ``returns = G``. No group baseline: ``index`` is ignored.
     Needs at least two response tokens in the batch.
     """
-    gamma = config_value(config, "gamma", 1.0)
+    gamma = (config or _DEFAULTS).gamma
     with torch.no_grad():
         mask = response_mask.to(token_level_rewards.dtype)
         returns = torch.zeros_like(token_level_rewards)
@@ -546,7 +480,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     response_mask: torch.Tensor,
     index: GroupIndex,
     epsilon: float = 1e-6,
-    config: Any = None,
+    config: AlgoConfig | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline (Hu, arXiv:2501.03262): group-mean baseline, then batch whitening.

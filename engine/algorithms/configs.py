@@ -1,10 +1,8 @@
-"""Small frozen configs read by the algorithm functions, and the duck-typed attribute lookup.
+"""Small frozen configs read by the algorithm functions.
 
-The functions in :mod:`engine.algorithms` never require these classes: they read attributes by
-name from whatever ``config`` object they are given (one of these dataclasses, the engine's
-pydantic config, a verl ``ActorConfig``/``AlgoConfig``, an omegaconf ``DictConfig`` or a plain
-``dict``), with the defaults below when an attribute is missing. The attribute names are verl
-0.9.1's, so a verl recipe maps onto them one to one.
+The functions in :mod:`engine.algorithms` take one of these (or ``None`` for the defaults below);
+the engine builds them from its run config. The attribute names and defaults are verl 0.9.1's,
+so a verl recipe maps onto them one to one.
 
 ``PolicyLossConfig`` -- what the policy losses read (verl: the matching fields of ``ActorConfig``):
 
@@ -29,10 +27,10 @@ Note verl's defaults: ``clip_ratio_low`` and ``clip_ratio_high`` are 0.2, not ``
 only ``clip_ratio`` changes nothing unless the other two are set to ``None``.
 
 ``AlgoConfig`` -- what the advantage estimators read (verl: the matching fields of ``AlgoConfig``):
-``gamma`` (1.0, REINFORCE++ discount), ``lam`` (1.0, GAE), ``norm_adv_by_std_in_grpo`` (True).
+``gamma`` (1.0, REINFORCE++ discount), ``norm_adv_by_std_in_grpo`` (True).
 
-``KLControlConfig`` -- what :func:`get_kl_controller` reads (verl: ``KLControlConfig``):
-``type`` ("fixed" | "adaptive"), ``kl_coef`` (0.001), ``horizon`` (10000), ``target_kl`` (0.1).
+:func:`~engine.algorithms.kl.get_kl_controller` reads the run config's own section
+(``engine.config.KLRewardControllerConfig``, verl: ``KLControlConfig``).
 """
 
 from __future__ import annotations
@@ -41,31 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AlgoConfig", "KLControlConfig", "PolicyLossConfig", "config_value"]
-
-_MISSING = object()
-
-
-def config_value(config: Any, name: str, default: Any = None) -> Any:
-    """Read ``name`` from a duck-typed config: a mapping key, else an attribute, else ``default``.
-
-    ``None`` configs give ``default``. A value that is present but ``None`` is returned as ``None``
-    (callers that need verl's "``None`` means fall back" rule apply it themselves).
-    """
-    if config is None:
-        return default
-    if isinstance(config, Mapping):
-        return config.get(name, default)
-    value = getattr(config, name, _MISSING)
-    if value is _MISSING:
-        getter = getattr(config, "get", None)
-        if callable(getter):
-            try:
-                return getter(name, default)
-            except TypeError:
-                return default
-        return default
-    return value
+__all__ = ["AlgoConfig", "PolicyLossConfig"]
 
 
 @dataclass(frozen=True)
@@ -88,15 +62,4 @@ class AlgoConfig:
     """Attributes read by the advantage estimators; defaults equal verl 0.9.1's ``AlgoConfig``."""
 
     gamma: float = 1.0
-    lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
-
-
-@dataclass(frozen=True)
-class KLControlConfig:
-    """Attributes read by :func:`get_kl_controller`; defaults equal verl 0.9.1's ``KLControlConfig``."""
-
-    type: str = "fixed"
-    kl_coef: float = 0.001
-    horizon: int = 10000
-    target_kl: float = 0.1

@@ -25,26 +25,29 @@ reward (``use_kl_in_reward``: :func:`apply_kl_penalty` with a controller for the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from engine.algorithms.configs import config_value
 from engine.algorithms.masked_ops import masked_mean
+from engine.contracts import KL_CONTROLLER_TYPES, KL_ESTIMATORS
+
+if TYPE_CHECKING:
+    from engine.config import KLRewardControllerConfig
 
 __all__ = [
     "KL_PENALTY_MODES",
     "AdaptiveKLController",
     "FixedKLController",
     "apply_kl_penalty",
-    "compute_rewards",
     "get_kl_controller",
     "kl_penalty",
     "kl_penalty_forward",
 ]
 
-KL_PENALTY_MODES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# The estimator names, which the run config validates against too.
+KL_PENALTY_MODES: tuple[str, ...] = KL_ESTIMATORS
 
 
 def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
@@ -88,13 +91,6 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
 _kl_estimate = kl_penalty  # apply_kl_penalty's parameter of the same name (verl's) shadows the function
 
 
-def compute_rewards(
-    token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_ratio: float
-) -> torch.Tensor:
-    """``scores - kl_ratio * (old_log_prob - ref_log_prob)``: rewards with a k1 penalty, unmasked."""
-    return token_level_scores - (old_log_prob - ref_log_prob) * kl_ratio
-
-
 class AdaptiveKLController:
     """Adaptive KL coefficient (Ziegler et al., "Fine-Tuning LMs from Human Preferences", arXiv:1909.08593).
 
@@ -123,24 +119,22 @@ class FixedKLController:
         """No-op (kept for interface parity with :class:`AdaptiveKLController`)."""
 
 
-def get_kl_controller(kl_ctrl: Any) -> FixedKLController | AdaptiveKLController:
-    """Build a controller from a config with ``type`` ("fixed"/"adaptive"), ``kl_coef``,
-    ``target_kl`` and ``horizon`` (see :class:`engine.algorithms.configs.KLControlConfig`).
+def get_kl_controller(kl_ctrl: KLRewardControllerConfig) -> FixedKLController | AdaptiveKLController:
+    """Build the controller the run config's ``algorithm.kl_ctrl`` section describes: ``type``
+    ("fixed"/"adaptive"), ``kl_coef``, and for adaptive ``target_kl`` and ``horizon``.
 
-    Unknown types raise ``ValueError``; an adaptive horizon <= 0 raises ``ValueError``.
+    Unknown types raise ``ValueError``; an adaptive horizon <= 0 raises ``ValueError`` (the config
+    refuses both; a section built without validation reaches these checks).
     """
-    kind = config_value(kl_ctrl, "type", "fixed")
-    kl_coef = config_value(kl_ctrl, "kl_coef", 0.001)
-    if kind == "fixed":
-        return FixedKLController(kl_coef=kl_coef)
-    if kind == "adaptive":
-        horizon = config_value(kl_ctrl, "horizon", 10000)
-        if not horizon > 0:
-            raise ValueError(f"adaptive KL controller needs horizon > 0, got {horizon}")
+    if kl_ctrl.type == "fixed":
+        return FixedKLController(kl_coef=kl_ctrl.kl_coef)
+    if kl_ctrl.type == "adaptive":
+        if not kl_ctrl.horizon > 0:
+            raise ValueError(f"adaptive KL controller needs horizon > 0, got {kl_ctrl.horizon}")
         return AdaptiveKLController(
-            init_kl_coef=kl_coef, target_kl=config_value(kl_ctrl, "target_kl", 0.1), horizon=horizon
+            init_kl_coef=kl_ctrl.kl_coef, target_kl=kl_ctrl.target_kl, horizon=kl_ctrl.horizon
         )
-    raise ValueError(f"unknown KL controller type {kind!r}; known: ['fixed', 'adaptive']")
+    raise ValueError(f"unknown KL controller type {kl_ctrl.type!r}; known: {list(KL_CONTROLLER_TYPES)}")
 
 
 def apply_kl_penalty(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["clip_by_value", "masked_mean", "masked_sum", "masked_var", "masked_whiten"]
+__all__ = ["masked_mean", "masked_sum", "masked_var", "masked_whiten"]
 
 
 def masked_sum(
@@ -59,7 +59,3 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
         out = out + mean
     return out
 
-
-def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor) -> torch.Tensor:
-    """Element-wise ``min(max(x, tensor_min), tensor_max)`` with tensor bounds."""
-    return torch.max(torch.min(x, tensor_max), tensor_min)

@@ -8,10 +8,9 @@ Every loss has verl's signature::
 * ``old_log_prob``, ``log_prob``, ``advantages``, ``response_mask``: ``[bs, T]``; ``log_prob``
   carries the gradient, the others are data.
 * ``loss_agg_mode``: see :func:`engine.algorithms.aggregation.agg_loss`.
-* ``config``: duck-typed; the attributes read are ``clip_ratio``, ``clip_ratio_low``,
-  ``clip_ratio_high``, ``clip_ratio_c``, ``tau_pos``, ``tau_neg``, ``loss_scale_factor`` and
-  ``global_batch_info`` (see :class:`engine.algorithms.configs.PolicyLossConfig`, whose defaults
-  are used for missing attributes and when ``config`` is ``None``).
+* ``config``: a :class:`engine.algorithms.configs.PolicyLossConfig` (``None``: its defaults); the
+  losses read ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``, ``clip_ratio_c``,
+  ``tau_pos``, ``tau_neg``, ``loss_scale_factor`` and ``global_batch_info``.
 * ``rollout_is_weights``: optional ``[bs, T]`` importance weights (rollout-vs-trainer mismatch
   correction) multiplied into the per-token loss before aggregation.
 * ``pg_metrics``: python floats under verl's keys ``"actor/pg_clipfrac"``, ``"actor/ppo_kl"``,
@@ -33,7 +32,7 @@ from typing import Any
 import torch
 
 from engine.algorithms.aggregation import agg_loss
-from engine.algorithms.configs import PolicyLossConfig, config_value
+from engine.algorithms.configs import PolicyLossConfig
 from engine.algorithms.masked_ops import masked_mean
 
 __all__ = [
@@ -78,29 +77,28 @@ def get_policy_loss_fn(name: str) -> PolicyLossFn:
 # ----------------------------------------------------------------------------- config helpers
 
 
-def _get(config: Any, name: str) -> Any:
-    return config_value(config, name, getattr(_DEFAULTS, name))
+def _resolved(config: PolicyLossConfig | None) -> PolicyLossConfig:
+    return _DEFAULTS if config is None else config
 
 
-def _clip_bounds(config: Any) -> tuple[float, float]:
+def _clip_bounds(config: PolicyLossConfig | None) -> tuple[float, float]:
     """``(eps_low, eps_high)``: ``clip_ratio_low/high``, each falling back to ``clip_ratio`` when ``None``."""
-    eps = _get(config, "clip_ratio")
-    low = _get(config, "clip_ratio_low")
-    high = _get(config, "clip_ratio_high")
+    eps = _resolved(config).clip_ratio
+    low = _resolved(config).clip_ratio_low
+    high = _resolved(config).clip_ratio_high
     return (eps if low is None else low), (eps if high is None else high)
 
 
-def _agg_kwargs(config: Any) -> dict[str, Any]:
+def _agg_kwargs(config: PolicyLossConfig | None) -> dict[str, Any]:
     """``global_batch_info`` as ``agg_loss`` keywords, plus ``loss_scale_factor`` from the config.
 
     verl's worker copies ``config.loss_scale_factor`` into ``global_batch_info`` before calling
     the loss; doing it here gives the same result when only the attribute is set.
     """
-    kwargs = dict(config_value(config, "global_batch_info", None) or {})
-    if kwargs.get("loss_scale_factor") is None:
-        factor = config_value(config, "loss_scale_factor", None)
-        if factor is not None:
-            kwargs["loss_scale_factor"] = factor
+    cfg = _resolved(config)
+    kwargs = dict(cfg.global_batch_info or {})
+    if kwargs.get("loss_scale_factor") is None and cfg.loss_scale_factor is not None:
+        kwargs["loss_scale_factor"] = cfg.loss_scale_factor
     return kwargs
 
 
@@ -122,7 +120,7 @@ def compute_policy_loss_vanilla(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """PPO clipped surrogate (Schulman et al., arXiv:1707.06347) with clip-higher and dual clip.
@@ -144,7 +142,7 @@ def compute_policy_loss_vanilla(
     ``pg_clipfrac_lower`` = masked fraction with ``A < 0`` and ``L_clip > -A * c``.
     """
     eps_low, eps_high = _clip_bounds(config)
-    clip_ratio_c = _get(config, "clip_ratio_c")
+    clip_ratio_c = _resolved(config).clip_ratio_c
     if not clip_ratio_c > 1.0:
         raise ValueError(f"dual-clip PPO needs clip_ratio_c > 1.0, got {clip_ratio_c}")
 
@@ -175,7 +173,7 @@ def compute_policy_loss_gspo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
-    config: Any = None,
+    config: PolicyLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """GSPO, Group Sequence Policy Optimization (Zheng et al., arXiv:2507.18071), token form "GSPO-token".
@@ -222,7 +220,7 @@ def compute_policy_loss_cispo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """CISPO, Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv:2506.13585, section 3.1).
@@ -262,7 +260,7 @@ def compute_policy_loss_sapo(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-mean",
-    config: Any = None,
+    config: PolicyLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """SAPO, Soft Adaptive Policy Optimization (arXiv:2511.20347): a smooth gate instead of a hard clip.
@@ -272,8 +270,8 @@ def compute_policy_loss_sapo(
     ``L = -f(r) * A``. As in verl the loss is **always** aggregated with ``seq-mean-token-mean``:
     ``loss_agg_mode`` is ignored. Metrics: ``ppo_kl``; both clip fractions are 0.
     """
-    tau_pos = torch.as_tensor(_get(config, "tau_pos"), dtype=advantages.dtype, device=advantages.device)
-    tau_neg = torch.as_tensor(_get(config, "tau_neg"), dtype=advantages.dtype, device=advantages.device)
+    tau_pos = torch.as_tensor(_resolved(config).tau_pos, dtype=advantages.dtype, device=advantages.device)
+    tau_neg = torch.as_tensor(_resolved(config).tau_neg, dtype=advantages.dtype, device=advantages.device)
 
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
@@ -295,7 +293,7 @@ def compute_policy_loss_gpg(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """GPG (arXiv:2504.02546): plain policy gradient ``L = -A * log_prob``, no ratio, no clip.
@@ -315,7 +313,7 @@ def compute_policy_loss_geo_mean(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """GMPO, Geometric-Mean Policy Optimization (Zhao et al., arXiv:2507.20673).
@@ -359,7 +357,7 @@ def _dppo_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str,
-    config: Any,
+    config: PolicyLossConfig | None,
     rollout_is_weights: torch.Tensor | None,
     trust_region: Callable[[torch.Tensor, torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -368,9 +366,7 @@ def _dppo_loss(
     ratio = torch.exp(log_ratio)
     ppo_kl = masked_mean(-log_ratio, response_mask)
 
-    # verl reads clip_ratio_c with a default of 20 for configs that lack it; no config at all means
-    # the PolicyLossConfig defaults (3.0), like the other losses.
-    cap = config_value(_DEFAULTS if config is None else config, "clip_ratio_c", 20.0)
+    cap = _resolved(config).clip_ratio_c
     truncated = torch.clamp(ratio, max=cap).detach()
 
     keep_pos, keep_neg = trust_region(log_prob, old_log_prob, low, high)
@@ -410,7 +406,7 @@ def compute_policy_loss_dppo_tv(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """DPPO-Binary-TV (arXiv:2602.04879): a trust region on the sampled token's probability change.
@@ -441,7 +437,7 @@ def compute_policy_loss_dppo_kl(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    config: PolicyLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """DPPO-Binary-KL (arXiv:2602.04879): like ``dppo_tv`` with a binary-KL trust region.

@@ -47,7 +47,8 @@ class Task(Protocol):
     def reference_completion(self, answer: str | None, metadata: dict[str, Any]) -> str: ...
 
 
-def _check_difficulty(difficulty: int) -> None:
+def check_difficulty(difficulty: int) -> None:
+    """Refuse a difficulty outside 1..5 (the levels every built-in task defines)."""
     if not isinstance(difficulty, int) or not 1 <= difficulty <= 5:
         raise ValueError(f"difficulty must be an integer from 1 to 5, got {difficulty!r}")
 
@@ -72,7 +73,7 @@ class ArithmeticTask:
     name = "arithmetic"
 
     def sample(self, rng: random.Random, difficulty: int) -> TaskItem:
-        _check_difficulty(difficulty)
+        check_difficulty(difficulty)
         if difficulty == 1:
             a, b, op = rng.randint(10, 99), rng.randint(10, 99), "+"
         elif difficulty == 2:
@@ -144,7 +145,7 @@ class CountdownTask:
     name = "countdown"
 
     def sample(self, rng: random.Random, difficulty: int) -> TaskItem:
-        _check_difficulty(difficulty)
+        check_difficulty(difficulty)
         count, high, (use_lo, use_hi), ops = _COUNTDOWN_LEVELS[difficulty]
         while True:
             numbers = [rng.randint(1, high) for _ in range(count)]
@@ -273,47 +274,46 @@ def _rng(task: str, difficulty: int, split: str) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def generate_eval(task: str, difficulty: int, size: int) -> list[TaskItem]:
-    """``size`` distinct eval items (a prefix of a fixed stream: growing ``size`` keeps the first ones)."""
+def _draw(
+    task: str, difficulty: int, split: str, size: int, exclude: set[str], *, distinct: bool, too_few: str
+) -> list[TaskItem]:
+    """``size`` items of the fixed stream of ``split``, skipping those whose key is in ``exclude``
+    (and, if ``distinct``, those drawn before); ValueError ``too_few`` when the skips run past a
+    budget of ``50 * size + 1000`` (the problem space is too small)."""
     t = get_task(task)
-    _check_difficulty(difficulty)
-    rng = _rng(task, difficulty, "eval")
+    check_difficulty(difficulty)
+    rng = _rng(task, difficulty, split)
+    skip = set(exclude) if distinct else exclude
     items: list[TaskItem] = []
-    seen: set[str] = set()
     misses = 0
     while len(items) < size:
         item = t.sample(rng, difficulty)
-        if item.key in seen:
+        if item.key in skip:
             misses += 1
             if misses > 50 * size + 1000:
-                raise ValueError(
-                    f"{task} difficulty {difficulty} has too few distinct problems for {size} eval prompts; "
-                    "lower data.eval_size or raise data.difficulty"
-                )
+                raise ValueError(too_few)
             continue
-        seen.add(item.key)
+        if distinct:
+            skip.add(item.key)
         items.append(item)
     return items
+
+
+def generate_eval(task: str, difficulty: int, size: int) -> list[TaskItem]:
+    """``size`` distinct eval items (a prefix of a fixed stream: growing ``size`` keeps the first ones)."""
+    too_few = (
+        f"{task} difficulty {difficulty} has too few distinct problems for {size} eval prompts; "
+        "lower data.eval_size or raise data.difficulty"
+    )
+    return _draw(task, difficulty, "eval", size, set(), distinct=True, too_few=too_few)
 
 
 def generate_train(task: str, difficulty: int, size: int, exclude: set[str]) -> list[TaskItem]:
     """``size`` train items (repeats allowed when the problem space is small), none of them in ``exclude``."""
-    t = get_task(task)
-    _check_difficulty(difficulty)
-    rng = _rng(task, difficulty, "train")
-    items: list[TaskItem] = []
-    misses = 0
-    while len(items) < size:
-        item = t.sample(rng, difficulty)
-        if item.key in exclude:
-            misses += 1
-            if misses > 50 * size + 1000:
-                raise ValueError(
-                    f"{task} difficulty {difficulty}: the eval set covers almost every problem; lower data.eval_size"
-                )
-            continue
-        items.append(item)
-    return items
+    too_few = (
+        f"{task} difficulty {difficulty}: the eval set covers almost every problem; lower data.eval_size"
+    )
+    return _draw(task, difficulty, "train", size, exclude, distinct=False, too_few=too_few)
 
 
 def generate_splits(

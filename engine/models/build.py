@@ -208,7 +208,7 @@ def publish_dir(tmp: Path, final: Path) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_progress() -> Iterator[None]:
+def quiet_progress() -> Iterator[None]:
     """Hide transformers' per-shard progress bar while saving (restored afterwards)."""
     from transformers.utils import logging as hf_logging
 
@@ -305,7 +305,7 @@ def make_model_info(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        with _quiet_progress():
+        with quiet_progress():
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         info = {

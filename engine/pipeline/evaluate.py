@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
+from engine.batch import Rollout
 from engine.data import Prompt
-from engine.pipeline.batch import Rollout
 from engine.pipeline.producer import RolloutProducer, correctness_component, seed_for
 
 

@@ -6,10 +6,10 @@ import time
 
 import torch
 
-from engine.algorithms import apply_kl_penalty, get_adv_estimator_fn, get_kl_controller
+from engine.algorithms import AlgoConfig, apply_kl_penalty, get_adv_estimator_fn, get_kl_controller
 from engine.algorithms.off_policy import importance_weights
+from engine.batch import RolloutBatch
 from engine.config import RunConfig
-from engine.pipeline.batch import RolloutBatch
 from engine.trainer import TrainerBackend
 from engine.trainer.actor import logprob_mismatch
 
@@ -34,6 +34,9 @@ class Learner:
         self.cfg = cfg
         self.trainer = trainer
         self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
+        self.algo_config = AlgoConfig(
+            gamma=cfg.algorithm.gamma, norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo
+        )
 
     @property
     def recomputes_old_log_probs(self) -> bool:
@@ -104,7 +107,7 @@ class Learner:
         else:
             batch.token_level_rewards = batch.token_level_scores
         estimator = get_adv_estimator_fn(a.adv_estimator)
-        kwargs = {"token_level_rewards": batch.token_level_rewards, "response_mask": mask, "index": batch.index, "config": a}
+        kwargs = {"token_level_rewards": batch.token_level_rewards, "response_mask": mask, "index": batch.index, "config": self.algo_config}
         if a.adv_estimator.startswith("grpo"):
             kwargs["norm_adv_by_std_in_grpo"] = a.norm_adv_by_std_in_grpo
         batch.advantages, batch.returns = estimator(**kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.pipeline.batch import Rollout
+from engine.batch import Rollout
 
 
 def _stats(prefix: str, values: list[float], *, std: bool = False) -> dict[str, float]:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.batch import Rollout, RolloutBatch, collate, rollouts_from_groups
 from engine.config import RunConfig
 from engine.data import Prompt, PromptSampler
-from engine.pipeline.batch import Rollout, RolloutBatch, collate, rollouts_from_groups
 from engine.rewards import RewardInput, RewardManager, RewardResult
 from engine.rollout import PromptCompletions, RolloutBackend, SamplingParams
 

@@ -46,6 +46,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from engine.rollout.base import Completion, FinishReason, PromptCompletions, SamplingParams, checked_inputs
+from engine.rollout.sampling import eos_token_ids, sequence_seed
 
 __all__ = ["TorchRolloutBackend"]
 
@@ -55,8 +56,6 @@ ATTENTION_NAME = "tributary_rollout"
 # KV buffers start this many generated tokens long and double when full (up to prompt + max_new_tokens),
 # so a large max_new_tokens does not reserve memory that early-stopping sequences never use.
 _INITIAL_GEN_CAPACITY = 256
-
-_MASK64 = (1 << 64) - 1
 
 
 def _rollout_attention(
@@ -212,18 +211,6 @@ class _RowResult:
     text: str | None  # set when a stop string truncated it
 
 
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _sequence_seed(seed: int, seq_id: int) -> int:
-    """Seed of sequence ``seq_id``'s private generator: a hash of the call seed and the sequence number."""
-    return _splitmix64(_splitmix64(seed & _MASK64) ^ seq_id) >> 1  # torch seeds are < 2**63
-
-
 class TorchRolloutBackend:
     """Rollout backend on a transformers causal LM in this process (CPU or one GPU).
 
@@ -265,7 +252,7 @@ class TorchRolloutBackend:
         self.last_stats: dict[str, float] = {}
         self._closed = False
 
-        self.eos_token_ids = _eos_token_ids(model, tokenizer)
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         if pad is None:
             pad = self.eos_token_ids[0] if self.eos_token_ids else 0
@@ -726,7 +713,7 @@ def _sequence_uniforms(seq_ids: Sequence[int], seed: int, steps: int) -> torch.T
     generator = torch.Generator()
     out = torch.empty((len(seq_ids), steps), dtype=torch.float64)
     for i, seq_id in enumerate(seq_ids):
-        generator.manual_seed(_sequence_seed(seed, seq_id))
+        generator.manual_seed(sequence_seed(seed, seq_id))
         torch.rand(steps, generator=generator, dtype=torch.float64, out=out[i])
     return out
 
@@ -738,19 +725,6 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 def _storage_key(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
     """Identity of the memory a tensor views (tied parameters share it)."""
     return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-
-
-def _eos_token_ids(model: torch.nn.Module, tokenizer: object) -> list[int]:
-    ids: list[int] = []
-    candidates: list[object] = [getattr(tokenizer, "eos_token_id", None)]
-    generation_config = getattr(model, "generation_config", None)
-    if generation_config is not None:
-        candidates.append(generation_config.eos_token_id)
-    for c in candidates:
-        for i in c if isinstance(c, (list, tuple)) else [c]:
-            if i is not None and int(i) not in ids:
-                ids.append(int(i))
-    return ids
 
 
 def _sliding_window(config: object) -> int | None:

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from engine.rollout.base import Completion, FinishReason, PromptCompletions, SamplingParams, checked_inputs
-from engine.rollout.torch_backend import _eos_token_ids, _sequence_seed
+from engine.rollout.sampling import eos_token_ids, sequence_seed
 
 __all__ = ["VLLMRolloutBackend", "import_vllm"]
 
@@ -136,7 +136,7 @@ class VLLMRolloutBackend:
             )
         self._base_scale = float(self._logits_processor.scale)
         self._groups, self._shapes = _hf_parameters(model_dir)
-        self._eos = _eos_token_ids(_GenerationConfigHolder(model_dir), tokenizer)
+        self._eos = eos_token_ids(_GenerationConfigHolder(model_dir), tokenizer)
         self.vocab_size = int(self._llm.llm_engine.vllm_config.model_config.get_vocab_size())
         self._version = int(policy_version)
         self._closed = False
@@ -209,7 +209,7 @@ class VLLMRolloutBackend:
         copies, n = (params.n, 1) if greedy else (1, params.n)
         inputs, requests = [], []
         for i, prompt in enumerate(prompt_lists):
-            seed = None if params.seed is None else _sequence_seed(params.seed, i) % (2**31 - n)
+            seed = None if params.seed is None else sequence_seed(params.seed, i) % (2**31 - n)
             request = VLLMSamplingParams(
                 n=n,
                 temperature=0.0 if greedy else 1.0,
@@ -283,7 +283,7 @@ def _hf_parameters(model_dir: str | Path) -> tuple[list[list[str]], dict[str, tu
 
 
 class _GenerationConfigHolder:
-    """Just enough of a model for :func:`_eos_token_ids`: the generation config of ``model_dir``, if any."""
+    """Just enough of a model for :func:`eos_token_ids`: the generation config of ``model_dir``, if any."""
 
     def __init__(self, model_dir: str | Path) -> None:
         from transformers import GenerationConfig

@@ -6,15 +6,18 @@ optimiser; what a micro-batch computes is the same and lives here.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from engine.algorithms import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
+from engine.batch import RolloutBatch
 from engine.config import AlgorithmConfig
-from engine.pipeline.batch import RolloutBatch
 from kernels import logprobs_from_hidden
 
 
@@ -173,6 +176,37 @@ def global_batch_info(mini_mask: torch.Tensor, loss_scale_factor: float) -> dict
         "global_batch_size": float((mini_mask.sum(-1) > 0).sum()),
         "loss_scale_factor": loss_scale_factor,
     }
+
+
+def mini_batches(
+    batch: RolloutBatch, order: np.ndarray, count: int, pl_config: PolicyLossConfig
+) -> Iterator[tuple[RolloutBatch, PolicyLossConfig]]:
+    """One epoch: the rows of ``batch`` in ``order`` cut into ``count`` mini-batches (one optimiser
+    step each; none empty), each with ``pl_config`` carrying its :func:`global_batch_info`."""
+    for rows in np.array_split(order, count):
+        if len(rows) == 0:
+            continue
+        mini = batch.select(rows.tolist())
+        info = global_batch_info(mini.response_mask, pl_config.loss_scale_factor)
+        yield mini, dataclasses.replace(pl_config, global_batch_info=info)
+
+
+def add_micro_batch_metrics(
+    sums: dict[str, float],
+    maxima: dict[str, float],
+    metrics: dict[str, float],
+    micro_mask: torch.Tensor,
+    pl_config: PolicyLossConfig,
+) -> None:
+    """Fold one micro-batch's ``metrics`` into its mini-batch's ``sums`` (a defaultdict) and
+    ``maxima``: :data:`MAX_METRICS` by maximum, :data:`ADDITIVE_METRICS` by sum, the others weighted
+    by the micro-batch's share of the mini-batch's tokens (``pl_config`` from :func:`mini_batches`)."""
+    share = float(micro_mask.sum()) / max(1.0, pl_config.global_batch_info["batch_num_tokens"])
+    for k, v in metrics.items():
+        if k in MAX_METRICS:
+            maxima[k] = max(maxima.get(k, v), v)
+        else:
+            sums[k] += v if k in ADDITIVE_METRICS else v * share
 
 
 def actor_loss(

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from engine.pipeline.batch import RolloutBatch
+from engine.batch import RolloutBatch
 
 
 @runtime_checkable

@@ -27,7 +27,6 @@ micro-batch instead.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import math
 import os
@@ -43,14 +42,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine.batch import RolloutBatch
 from engine.config import RunConfig
-from engine.pipeline.batch import RolloutBatch
 from engine.trainer.actor import (
-    ADDITIVE_METRICS,
-    MAX_METRICS,
     LogprobSettings,
     actor_loss,
-    global_batch_info,
+    add_micro_batch_metrics,
+    mini_batches,
     response_logprobs,
     split_model,
 )
@@ -60,7 +58,6 @@ from engine.trainer.torch_backend import policy_loss_config, scale_lr
 DEEPSPEED_DIR = "deepspeed"
 """Subdirectory of an engine checkpoint holding DeepSpeed's own checkpoint (tag ``TAG``)."""
 TAG = "state"
-MODEL_FILE = "model.safetensors"
 
 
 def init_distributed(device_kind: str) -> None:
@@ -77,9 +74,9 @@ def init_distributed(device_kind: str) -> None:
     ):
         os.environ.setdefault(key, default)
     if "MASTER_PORT" not in os.environ:
-        from engine.launch import _free_port
+        from engine.launch import free_port
 
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
     import deepspeed
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its INFO lines go to stdout
@@ -302,12 +299,7 @@ class DeepSpeedTrainer:
         updates = 0
         grad_norms = 0.0
         for order in orders:
-            for rows in np.array_split(order, self.minis_per_epoch):
-                if len(rows) == 0:
-                    continue
-                mini = batch.select(rows.tolist())
-                info = global_batch_info(mini.response_mask, self.pl_config.loss_scale_factor)
-                pl_config = dataclasses.replace(self.pl_config, global_batch_info=info)
+            for mini, pl_config in mini_batches(batch, order, self.minis_per_epoch, self.pl_config):
                 pieces = self._my_pieces(np.arange(len(mini)))
                 for i, piece in enumerate(pieces):
                     self.engine.set_gradient_accumulation_boundary(i == len(pieces) - 1)
@@ -317,12 +309,7 @@ class DeepSpeedTrainer:
                     self.engine.backward(loss * weight, scale_wrt_gas=False)
                     if not len(piece):
                         continue
-                    share = float(micro.response_mask.sum()) / max(1.0, info["batch_num_tokens"])
-                    for k, v in metrics.items():
-                        if k in MAX_METRICS:
-                            maxima[k] = max(maxima.get(k, v), v)
-                        else:
-                            sums[k] += v if k in ADDITIVE_METRICS else v * share
+                    add_micro_batch_metrics(sums, maxima, metrics, micro.response_mask, pl_config)
                 scale_lr(self.engine.optimizer, lr_scale)
                 self.engine.step()
                 norm = self.engine.get_global_grad_norm()

@@ -3,27 +3,24 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch import nn
 
 from engine.algorithms import PolicyLossConfig
+from engine.batch import RolloutBatch
 from engine.config import RunConfig
-from engine.pipeline.batch import RolloutBatch
 from engine.trainer.actor import (
-    ADDITIVE_METRICS,
-    MAX_METRICS,
     LogprobSettings,
     actor_loss,
-    global_batch_info,
+    add_micro_batch_metrics,
+    mini_batches,
     response_logprobs,
 )
 from engine.trainer.schedule import minis_per_epoch, optimizer_and_schedule
@@ -118,12 +115,7 @@ class TorchTrainer:
         lr_scale = float(batch.extra.get("lr_scale", 1.0))  # async.scale_lr_by_ess (the learner sets it)
         for _ in range(t.ppo_epochs):
             order = torch.randperm(len(batch), generator=gen)
-            for rows in np.array_split(order.numpy(), self.minis_per_epoch):
-                if len(rows) == 0:
-                    continue
-                mini = batch.select(rows.tolist())
-                info = global_batch_info(mini.response_mask, self.pl_config.loss_scale_factor)
-                pl_config = dataclasses.replace(self.pl_config, global_batch_info=info)
+            for mini, pl_config in mini_batches(batch, order.numpy(), self.minis_per_epoch, self.pl_config):
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in self._micro_batches(mini):
                     micro = micro.to(self.device)
@@ -131,12 +123,7 @@ class TorchTrainer:
                         self.model, micro, self.cfg.algorithm, self.settings, pl_config
                     )
                     loss.backward()
-                    share = float(micro.response_mask.sum()) / max(1.0, info["batch_num_tokens"])
-                    for k, v in metrics.items():
-                        if k in MAX_METRICS:
-                            maxima[k] = max(maxima.get(k, v), v)
-                        else:
-                            sums[k] += v if k in ADDITIVE_METRICS else v * share
+                    add_micro_batch_metrics(sums, maxima, metrics, micro.response_mask, pl_config)
                 grad_norm = self._clip_and_step(lr_scale)
                 sums["actor/grad_norm"] += grad_norm
                 sums["_updates"] += 1

@@ -11,7 +11,6 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,9 @@ from hypothesis import strategies as st
 import engine.run
 from engine.algorithms.off_policy import importance_weights
 from engine.config import ConfigError, build_config, load_config
+from engine.contracts import EXIT_SUCCEEDED
 from engine.pipeline.async_loop import AsyncOrchestrator, GateClosed, StalenessGate
-from engine.run import EXIT_SUCCEEDED, execute
+from engine.run import execute
 from tests.engine.test_run import cancel_then_resume, metrics_by_step, read_events, small_config
 
 # ----------------------------------------------------------------------------- the gate
@@ -131,10 +131,10 @@ def test_async_config_errors_and_the_moved_field() -> None:
         load_config("grpo", ["async.mask_sequences_above=0.5"])
     with pytest.raises(ConfigError, match=r"async.max_staleness"):
         load_config("grpo", ["async.max_staleness=-1"])
-    # Configs stored before the async section (trainer.max_staleness: 0) still validate.
-    cfg = build_config({"trainer": {"max_staleness": 0}})
-    assert cfg.async_.max_staleness == 0 and "max_staleness" not in cfg.model_dump()["trainer"]
-    assert cfg.model_dump(mode="json")["async"]["max_staleness"] == 0
+    # trainer.max_staleness (before the async section existed) is refused with where it went.
+    with pytest.raises(ConfigError) as info:
+        build_config({"trainer": {"max_staleness": 0}})
+    assert info.value.problems == [("trainer.max_staleness", "moved to async.max_staleness: set it there instead")]
 
 
 # ----------------------------------------------------------------------------- whole runs
@@ -206,17 +206,8 @@ def assert_same_up_to_summation_order(
                 assert value == expected, (step, name, value, expected)
 
 
-@pytest.fixture
-def torch_threads() -> Iterator[int]:
-    """torch's intra-op thread count at the start; restored afterwards, since AsyncOrchestrator.run
-    leaves it halved for the rest of the process (an engine process runs one run)."""
-    threads = torch.get_num_threads()
-    yield threads
-    torch.set_num_threads(threads)
-
-
 def test_the_async_machinery_at_k0_reproduces_the_synchronous_run(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torch_threads: int
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The producer thread, the gate, the weight snapshots and the rollout backend's own copy of
     the policy, at k = 0, give the synchronous loop's tokens, rewards and counts exactly, step for
@@ -226,7 +217,9 @@ def test_the_async_machinery_at_k0_reproduces_the_synchronous_run(
     assert execute(sync_cfg) == EXIT_SUCCEEDED
     monkeypatch.setattr(engine.run, "orchestrator_class", lambda cfg: AsyncOrchestrator)
     threaded = build_config(small_config(tiny_model_dir, tmp_path / "threaded", total_steps=4))
+    threads = torch.get_num_threads()
     assert execute(threaded) == EXIT_SUCCEEDED
+    assert torch.get_num_threads() == threads  # the loop halves them on CPU while it runs, then gives them back
     sync = metrics_by_step(read_events(tmp_path / "sync" / "events.jsonl"))
     run = metrics_by_step(read_events(tmp_path / "threaded" / "events.jsonl"))
     # The rollout backend's version at the end of a step: the synchronous loop loads the new

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from engine.events import EVENT_TYPES, EventSink, last_seq_in
+from engine.contracts import EVENT_TYPES
+from engine.events import EventSink, last_seq_in
 
 
 def read(path) -> list[dict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -181,7 +182,10 @@ def test_load_tokenizer_sets_a_missing_pad_token_to_eos(tmp_path: Path, tiny_mod
 # ----------------------------------------------------------------------------- load errors
 
 
-def _assert_names_path_and_fix(exc: pytest.ExceptionInfo[ModelLoadError], path: Path) -> None:
+def _assert_refused(load: Callable[[Path], object], path: Path, match: str) -> None:
+    """``load(path)`` raises ModelLoadError matching ``match`` that names the path and the fix."""
+    with pytest.raises(ModelLoadError, match=match) as exc:
+        load(path)
     message = str(exc.value)
     assert str(path) in message
     assert "make-model" in message
@@ -189,55 +193,39 @@ def _assert_names_path_and_fix(exc: pytest.ExceptionInfo[ModelLoadError], path: 
 
 def test_missing_directory(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    with pytest.raises(ModelLoadError, match="does not exist") as exc:
-        load_model(missing)
-    _assert_names_path_and_fix(exc, missing)
-    with pytest.raises(ModelLoadError, match="does not exist") as exc:
-        load_tokenizer(missing)
-    _assert_names_path_and_fix(exc, missing)
+    _assert_refused(load_model, missing, "does not exist")
+    _assert_refused(load_tokenizer, missing, "does not exist")
     assert issubclass(ModelLoadError, ValueError)
 
 
 def test_file_instead_of_directory(tmp_path: Path) -> None:
     f = tmp_path / "model.bin"
     f.write_bytes(b"\0" * 16)
-    with pytest.raises(ModelLoadError, match="not a directory") as exc:
-        load_model(f)
-    _assert_names_path_and_fix(exc, f)
+    _assert_refused(load_model, f, "not a directory")
 
 
 def test_directory_that_is_not_a_model(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(ModelLoadError, match="not a model directory") as exc:
-        load_model(tmp_path)
-    _assert_names_path_and_fix(exc, tmp_path)
-    with pytest.raises(ModelLoadError, match="no loadable tokenizer") as exc:
-        load_tokenizer(tmp_path)
-    _assert_names_path_and_fix(exc, tmp_path)
+    _assert_refused(load_model, tmp_path, "not a model directory")
+    _assert_refused(load_tokenizer, tmp_path, "no loadable tokenizer")
 
 
 def test_unreadable_config(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ModelLoadError, match=r"config\.json") as exc:
-        load_model(tmp_path)
-    _assert_names_path_and_fix(exc, tmp_path)
+    _assert_refused(load_model, tmp_path, r"config\.json")
 
 
 def test_model_that_is_not_a_causal_lm(tmp_path: Path) -> None:
     from transformers import T5Config
 
     T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, vocab_size=100).save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match="'t5' model, which is not a causal LM") as exc:
-        load_model(tmp_path)
-    _assert_names_path_and_fix(exc, tmp_path)
+    _assert_refused(load_model, tmp_path, "'t5' model, which is not a causal LM")
 
 
 def test_model_without_weights(tmp_path: Path) -> None:
     path = make_model(tmp_path / "m")
     (path / "model.safetensors").unlink()
-    with pytest.raises(ModelLoadError, match="cannot load the model weights") as exc:
-        load_model(path)
-    _assert_names_path_and_fix(exc, path)
+    _assert_refused(load_model, path, "cannot load the model weights")
 
 
 def test_dtype_and_device_arguments(tiny_model_dir: Path) -> None:

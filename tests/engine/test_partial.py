@@ -108,6 +108,7 @@ def partial_run(request: pytest.FixtureRequest, starter: tuple[Any, Any, Any]) -
     return steps
 
 
+@pytest.mark.slow  # the arithmetic starter policy: built once per data directory (minutes)
 def test_no_completion_is_lost(partial_run: list[dict]) -> None:
     for s in partial_run:
         produced, m = s["produced"], s["produced"].metrics
@@ -129,6 +130,7 @@ def test_no_completion_is_lost(partial_run: list[dict]) -> None:
     assert any(s["produced"].metrics["partial/resumed_groups"] > 0 for s in partial_run)
 
 
+@pytest.mark.slow  # the arithmetic starter policy: built once per data directory (minutes)
 def test_wait_trains_nothing_stale_and_drop_would_drop(partial_run: list[dict]) -> None:
     """The trainer of step s holds the version step s's round generated with: under "wait" no row
     of any batch is more than K versions behind it (some groups had to be finished for that);
@@ -141,6 +143,7 @@ def test_wait_trains_nothing_stale_and_drop_would_drop(partial_run: list[dict]) 
         assert max(lags) > K and forced == 0
 
 
+@pytest.mark.slow  # the arithmetic starter policy: built once per data directory (minutes)
 def test_every_segment_keeps_the_version_that_generated_it(partial_run: list[dict]) -> None:
     multi = 0
     for s in partial_run:
@@ -163,7 +166,8 @@ def test_a_partial_run_keeps_its_bound(stale_samples: str, tiny_model_dir: Path,
     time (forced) and nothing is dropped; under "drop" nothing is forced, and the trainer leaves
     out whole stale groups, counted, training nothing in a step whose every group was stale. Either
     way no trained sample is more than K versions old."""
-    from engine.run import EXIT_SUCCEEDED, execute
+    from engine.contracts import EXIT_SUCCEEDED
+    from engine.run import execute
 
     raw = small_config(tiny_model_dir, tmp_path / "run", total_steps=6)
     assert raw["rollout"]["n"] == N and raw["trainer"]["prompts_per_step"] == WANT
@@ -400,6 +404,7 @@ def test_long_tails_force_groups_under_wait_and_are_dropped_under_drop() -> None
 # ----------------------------------------------------------------------------- checkpoints
 
 
+@pytest.mark.slow  # the arithmetic starter policy: built once per data directory (minutes)
 def test_the_pool_in_flight_round_trips_and_resumes_exactly(starter: tuple[Any, Any, Any]) -> None:
     """The pool captured before step 3 (with the sampler's position), through JSON, into a fresh
     producer: step 3 there equals step 3 of the run that kept going, row for row and token for

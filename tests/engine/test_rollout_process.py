@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.config import build_config
+from engine.contracts import EXIT_SUCCEEDED
 from engine.models import load_model
 from engine.rollout import SamplingParams, make_rollout_backend
 from engine.rollout.process_backend import (
@@ -22,7 +23,7 @@ from engine.rollout.process_backend import (
     SharedWeights,
     visible_device_env,
 )
-from engine.run import EXIT_SUCCEEDED, execute
+from engine.run import execute
 from tests.engine.rollout_contract import RolloutBackendContract, encode, randomized
 from tests.engine.test_rollout_torch import MIXED_TEXTS
 from tests.engine.test_run import cancel_then_resume, metrics_by_step, read_events, small_config

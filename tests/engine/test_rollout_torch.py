@@ -295,11 +295,16 @@ def test_stop_string_on_the_last_token_is_a_stop(tokenizer, backend):
     pytest.fail("no greedy completion ends in a character it has not produced before")
 
 
-def test_earliest_of_several_stop_strings_wins(tokenizer, backend):
+def greedy_texts(tokenizer, backend) -> list[tuple[list[int], str]]:
+    """``(prompt, greedy completion text)`` of every contract prompt, for the stop-string tests to
+    pick a stop string from."""
     prompts = encode(tokenizer)
     free = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=16))
-    for prompt, group in zip(prompts, free):
-        text = group.completions[0].text
+    return [(prompt, group.completions[0].text) for prompt, group in zip(prompts, free)]
+
+
+def test_earliest_of_several_stop_strings_wins(tokenizer, backend):
+    for prompt, text in greedy_texts(tokenizer, backend):
         chars = [ch for ch in dict.fromkeys(text) if not ch.isspace() and ch != "\ufffd"]
         if len(chars) < 2:
             continue
@@ -314,10 +319,7 @@ def test_earliest_of_several_stop_strings_wins(tokenizer, backend):
 
 
 def test_stop_string_ending_in_a_space(tokenizer, backend):
-    prompts = encode(tokenizer)
-    free = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=16))
-    for prompt, group in zip(prompts, free):
-        text = group.completions[0].text
+    for prompt, text in greedy_texts(tokenizer, backend):
         i = text.find(" ", 1)
         if i <= 0 or "\ufffd" in text[: i + 1]:
             continue

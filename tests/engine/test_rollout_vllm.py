@@ -216,7 +216,8 @@ STEPS = 20
 
 def grpo_run(model_dir: Path, out: Path, backend: str, **sections: Any) -> dict[int, dict[str, float]]:
     """GRPO on a reward a random tiny model earns ~15% of the time: the completion contains a digit."""
-    from engine.run import EXIT_SUCCEEDED, execute
+    from engine.contracts import EXIT_SUCCEEDED
+    from engine.run import execute
 
     cfg = build_config(
         sections

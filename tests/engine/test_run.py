@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from engine.config import PRESETS, build_config
-from engine.run import EXIT_CANCELLED, EXIT_SUCCEEDED, execute
+from engine.contracts import EXIT_CANCELLED, EXIT_SUCCEEDED
+from engine.run import execute
 
 NONDETERMINISTIC = ("timing_s/", "perf/")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.run import EXIT_SUCCEEDED
+from engine.contracts import EXIT_SUCCEEDED
 from tests.engine.test_run import cancel_then_resume, metrics_by_step, read_events, small_config
 
 STEPS = 4

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import math
+import typing
 
 import pytest
 import torch
 
+from engine import trainer as trainer_backends
 from engine.algorithms import agg_loss
-from engine.data import Prompt
+from engine.config import RunConfig, TrainerConfig
 from engine.models import load_model
-from engine.pipeline.batch import Rollout, RolloutBatch, collate
-from engine.rollout import Completion
-from engine.trainer.actor import LogprobSettings, global_batch_info, response_logprobs
+from engine.trainer.actor import LogprobSettings, global_batch_info
 from engine.trainer.schedule import lr_lambda
+from tests.engine.batches import random_batch
+from tests.engine.logprob_agreement import assert_same_logprobs_and_grads
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -47,38 +49,27 @@ def test_micro_batches_add_up_to_the_whole_mini_batch(mode: str) -> None:
     assert math.isclose(float(sum(parts)), float(whole), rel_tol=1e-6, abs_tol=1e-7)
 
 
-def _random_batch(vocab: int, groups: int = 4, n: int = 3, seed: int = 0) -> RolloutBatch:
-    gen = torch.Generator().manual_seed(seed)
-    rows = []
-    for g in range(groups):
-        p_len = int(torch.randint(2, 7, (1,), generator=gen))
-        prompt_ids = torch.randint(3, vocab, (p_len,), generator=gen).tolist()
-        prompt = Prompt(uid=f"p{g}", text="", raw="")
-        for _ in range(n):
-            r_len = int(torch.randint(1, 6, (1,), generator=gen))
-            ids = torch.randint(3, vocab, (r_len,), generator=gen).tolist()
-            completion = Completion(ids, [-1.0] * r_len, "", "stop", 0)
-            rows.append(Rollout(prompt, prompt_ids, completion, 0.0, {}, group=f"g{g}"))
-    order = torch.randperm(len(rows), generator=gen).tolist()  # mini-batches shuffle rows
-    return collate([rows[i] for i in order], pad_id=0, policy_version=0)
-
-
 def test_shared_prompt_forward_equals_the_full_forward(tiny_model_dir) -> None:
     """Running each group's prompt once must give the same log-probs, entropies and
     gradients as running every prompt + response sequence whole."""
     model = load_model(tiny_model_dir)
     model.train()
-    batch = _random_batch(model.config.vocab_size)
+    batch = random_batch(model.config.vocab_size)
     weights = torch.randn(batch.response_ids.shape, generator=torch.Generator().manual_seed(1))
-    results = []
-    for shared in (False, True):
-        model.zero_grad()
-        settings = LogprobSettings(temperature=0.7, shared_prompt=shared)
-        lp, ent = response_logprobs(model, batch, settings, compute_entropy=True)
-        ((lp + 0.1 * ent) * weights * batch.response_mask).sum().backward()
-        results.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (lp0, ent0, g0), (lp1, ent1, g1) = results
-    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=1e-5)
-    for name in g0:
-        torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert_same_logprobs_and_grads(
+        model,
+        batch,
+        LogprobSettings(temperature=0.7, shared_prompt=False),
+        LogprobSettings(temperature=0.7, shared_prompt=True),
+        weights,
+    )
+
+
+def test_trainer_backends_are_chosen_by_name() -> None:
+    """Every ``trainer.backend`` the config accepts has a constructor, and an unknown name is refused
+    with the known ones listed."""
+    accepted = set(typing.get_args(TrainerConfig.model_fields["backend"].annotation))
+    assert set(trainer_backends.BACKENDS) == accepted
+    with pytest.raises(ValueError, match="unknown trainer backend 'jax': known backends are deepspeed, torch"):
+        trainer_backends.make_trainer("jax", torch.nn.Linear(1, 1), RunConfig(), device=torch.device("cpu"),
+                                      need_reference=False)  # fmt: skip

@@ -63,8 +63,8 @@ def run_config(model_dir: Path, out_dir: Path, backend: str, stage: int) -> Any:
 
 def make_batch(vocab: int, step: int):
     """The step's rollouts: 4 prompts x 3 responses of random lengths, random advantages."""
+    from engine.batch import Rollout, collate
     from engine.data import Prompt
-    from engine.pipeline.batch import Rollout, collate
     from engine.rollout import Completion
 
     gen = torch.Generator().manual_seed(100 + step)

@@ -12,18 +12,20 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from celery.signals import task_retry
 
+from engine.config import ConfigError
+from engine.requirements import Requirements
+from engine.rewards.policy import USER_REWARDS_ENV
 from jobs.app import SUPERVISE_TASK, make_app
 from jobs.capabilities import (
     Capabilities,
     Gpu,
-    Requirements,
     gpus_to_lend,
     missing,
     parse_gpu_list,
     probe,
     requirements,
 )
-from jobs.registry import FileRegistry, Heartbeat, RedisRegistry, WorkerEntry, registry_from_env
+from jobs.registry import FileRegistry, RedisRegistry, RegistryHeartbeat, WorkerEntry, registry_from_env
 from jobs.slots import WorkerSlots
 from jobs.supervisor import RUNS_DIR_ENV, WEB_URL_ENV
 
@@ -42,17 +44,20 @@ def caps(
     )  # fmt: skip
 
 
-def test_requirements_follow_the_config() -> None:
-    assert requirements({}) == Requirements(0, frozenset({"torch"}))
-    assert requirements({"trainer": {"device": "auto"}}).gpus == 0  # runs anywhere
-    assert requirements({"trainer": {"device": "cuda"}}).gpus == 1
+def test_requirements_read_the_stored_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stored config (RunConfig JSON) is read as a RunConfig: defaults fill what it leaves out, a
+    reward function of the user's own is not this check's business (it was allowed at launch, and
+    this process may deny it), and a config that no longer validates is refused by field."""
+    assert requirements({}) == Requirements(0, frozenset({"torch"}), gpus_used=1)
+    monkeypatch.setenv(USER_REWARDS_ENV, "deny")
+    assert requirements({"reward": {"functions": [{"name": "mypkg.rewards:score"}]}}).backends == {"torch"}
     need = requirements(
         {"rollout": {"backend": "vllm"}, "trainer": {"device": "cuda", "backend": "deepspeed", "num_ranks": 4,
                                                      "logprob_impl": "triton"}}
     )  # fmt: skip
-    assert need == Requirements(4, frozenset({"torch", "vllm", "deepspeed", "triton"}))
-    assert need.describe() == "4 GPUs and backends deepspeed, triton, vllm"
-    assert Requirements().describe() == "no GPU"
+    assert need == Requirements(4, frozenset({"torch", "vllm", "deepspeed", "triton"}), gpus_used=4)
+    with pytest.raises(ConfigError, match=r"trainer\.num_ranks"):
+        requirements({"trainer": {"device": "cuda", "num_ranks": 2}})  # ranks need the deepspeed backend
 
 
 def test_missing_names_each_gap_and_the_fix() -> None:
@@ -69,13 +74,11 @@ def test_missing_names_each_gap_and_the_fix() -> None:
 
 
 def test_gpus_lent_per_run() -> None:
-    assert gpus_to_lend({"trainer": {"device": "auto"}}, caps(gpus=0)) == 0
-    assert gpus_to_lend({"trainer": {"device": "auto"}}, caps(gpus=8)) == 1
-    assert gpus_to_lend({"trainer": {"device": "cpu"}}, caps(gpus=8)) == 0
-    assert gpus_to_lend({"trainer": {"device": "cuda", "num_ranks": 2}}, caps(gpus=8)) == 2
-    # An asynchronous run generating on a second GPU beside its trainer's is lent both.
-    beside = {"trainer": {"device": "cuda"}, "rollout": {"device": "cuda:1"}}
-    assert gpus_to_lend(beside, caps(gpus=8)) == 2 and requirements(beside).gpus == 2
+    assert gpus_to_lend(requirements({"trainer": {"device": "auto"}}), caps(gpus=0)) == 0
+    assert gpus_to_lend(requirements({"trainer": {"device": "auto"}}), caps(gpus=8)) == 1
+    assert gpus_to_lend(requirements({"trainer": {"device": "cpu"}}), caps(gpus=8)) == 0
+    two_ranks = {"trainer": {"device": "cuda", "backend": "deepspeed", "num_ranks": 2}}
+    assert gpus_to_lend(requirements(two_ranks), caps(gpus=8)) == 2
 
 
 def test_gpu_list_from_the_environment() -> None:
@@ -161,7 +164,7 @@ def test_heartbeat_publishes_at_start_on_demand_and_leaves_on_stop(tmp_path: Pat
     registry = registry_from_env({"TRIBUTARY_BROKER_DIR": str(tmp_path / "broker")})
     assert isinstance(registry, FileRegistry) and registry.folder == tmp_path / "broker" / "workers"
     held: list[str] = []
-    beat = Heartbeat(registry, caps(), lambda: (list(held), []), interval=60).start()
+    beat = RegistryHeartbeat(registry, caps(), lambda: (list(held), []), interval=60).start()
     try:
         assert registry.workers()[0].running == []
         held.append("12")

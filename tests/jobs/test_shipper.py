@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.contracts import FATAL_CLOSE_CODES
 from engine.events import EventSink
-from jobs.protocol import FATAL_CLOSE_CODES, MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
+from jobs.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
 from jobs.shipper import EventLog, EventShipper, backoff_delay, ingest_url
 
 from .conftest import FakeIngest, read_log, write_events

@@ -31,7 +31,7 @@ def test_a_queued_run_is_supervised_by_a_worker_and_its_events_arrive(
     app = make_app({"TRIBUTARY_BROKER_DIR": str(tmp_path / "broker")})
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=60, loglevel="WARNING"):
         assert SUPERVISE_TASK in app.tasks
-        # As webapp.runs.launch.queue_run sends it.
+        # As webapp.runs.queueing.queue_run sends it.
         app.send_task(
             SUPERVISE_TASK,
             kwargs={

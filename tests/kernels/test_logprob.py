@@ -8,50 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.logprob import fused_logprobs_entropy, logprobs_from_hidden, naive_logprobs_entropy
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """The tensors here are tiny: intra-op threads only add synchronisation (seconds on a busy machine)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def make_inputs(
-    n: int, h: int, v: int, *, dtype: torch.dtype = torch.float64, bias: bool = True, seed: int = 0
-) -> dict[str, torch.Tensor | None]:
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        "hidden": torch.randn(n, h, generator=gen, dtype=dtype),
-        # scale so that logits are O(1-10): peaked but not one-hot distributions
-        "weight": torch.randn(v, h, generator=gen, dtype=dtype) * (2.0 / h**0.5),
-        "labels": torch.randint(0, v, (n,), generator=gen),
-        "bias": torch.randn(v, generator=gen, dtype=dtype) if bias else None,
-    }
-
-
-def values_and_grads(
-    fn, inputs: dict, loss_weights: tuple[torch.Tensor, torch.Tensor], **kwargs
-) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """Run ``fn`` on fresh leaf copies; backprop ``sum(a * logp + b * entropy)``; return values and grads."""
-    leaves = {
-        k: (t.detach().clone().requires_grad_(True) if k != "labels" and t is not None else t)
-        for k, t in inputs.items()
-    }
-    logprobs, entropy = fn(
-        leaves["hidden"], leaves["weight"], leaves["labels"], bias=leaves["bias"], **kwargs
-    )
-    a, b = loss_weights
-    (a * logprobs + b * entropy).sum().backward()
-    grads = [leaves[k].grad for k in ("hidden", "weight", "bias") if leaves[k] is not None]
-    return logprobs.detach(), entropy.detach(), grads
-
-
-def random_loss_weights(n: int, dtype: torch.dtype, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(n, generator=gen, dtype=dtype), torch.randn(n, generator=gen, dtype=dtype)
+from tests.kernels.lm_head import make_inputs, upstream_grads, values_and_grads
 
 
 def assert_matches_naive(
@@ -59,16 +16,14 @@ def assert_matches_naive(
 ) -> None:
     n = inputs["hidden"].shape[0]
     out_dtype = torch.float64 if inputs["hidden"].dtype == torch.float64 else torch.float32
-    weights = random_loss_weights(n, out_dtype)
+    weights = upstream_grads(n, out_dtype)
     ref = values_and_grads(naive_logprobs_entropy, inputs, weights, temperature=temperature)
     got = values_and_grads(
         fused_logprobs_entropy, inputs, weights, temperature=temperature, chunk_size=chunk_size
     )
-    torch.testing.assert_close(got[0], ref[0], atol=atol, rtol=rtol)  # logprobs
-    torch.testing.assert_close(got[1], ref[1], atol=atol, rtol=rtol)  # entropy
-    assert len(got[2]) == len(ref[2])
-    for g, r in zip(got[2], ref[2]):
-        torch.testing.assert_close(g, r, atol=atol, rtol=rtol)
+    assert len(got) == len(ref)
+    for name, g, r in zip(["logprobs", "entropy", "grad_hidden", "grad_weight", "grad_bias"], got, ref):
+        torch.testing.assert_close(g, r, atol=atol, rtol=rtol, msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -123,7 +78,7 @@ def test_gradcheck_float64() -> None:
 
 def test_gradient_from_one_output_only() -> None:
     """Only logprobs (or only entropy) feeding the loss: the other upstream gradient arrives as None."""
-    inputs = make_inputs(10, 6, 13)
+    inputs = make_inputs(10, 6, 13, dtype=torch.float64)
     for use in ("logprobs", "entropy"):
         grads = []
         for fn in (naive_logprobs_entropy, fused_logprobs_entropy):
@@ -135,7 +90,7 @@ def test_gradient_from_one_output_only() -> None:
 
 
 def test_compute_entropy_false() -> None:
-    inputs = make_inputs(10, 6, 13)
+    inputs = make_inputs(10, 6, 13, dtype=torch.float64)
     weight = inputs["weight"].clone().requires_grad_(True)
     logprobs, entropy = fused_logprobs_entropy(
         inputs["hidden"], weight, inputs["labels"], compute_entropy=False
@@ -152,14 +107,14 @@ def test_compute_entropy_false() -> None:
 def test_bf16_inputs_give_float32_close_to_reference() -> None:
     inputs = make_inputs(50, 64, 300, dtype=torch.bfloat16, seed=3)
     as_f32 = {k: (t.float() if t is not None and t.is_floating_point() else t) for k, t in inputs.items()}
-    weights = random_loss_weights(50, torch.float32)
+    weights = upstream_grads(50)
     got = values_and_grads(fused_logprobs_entropy, inputs, weights, chunk_size=16, temperature=0.9)
     ref = values_and_grads(naive_logprobs_entropy, as_f32, weights, temperature=0.9)
     assert got[0].dtype == got[1].dtype == torch.float32
     # bf16 has an 8-bit mantissa: logits of size ~5 are off by ~0.02 after the bf16 matmul.
     torch.testing.assert_close(got[0], ref[0], atol=0.1, rtol=0.02)
     torch.testing.assert_close(got[1], ref[1], atol=0.1, rtol=0.02)
-    for g, r in zip(got[2], ref[2]):
+    for g, r in zip(got[2:], ref[2:], strict=True):
         assert g.dtype == torch.bfloat16
         assert (g.float() - r).norm() <= 0.03 * r.norm()
 
@@ -185,7 +140,7 @@ def test_no_grad_path_same_values() -> None:
 
 
 def test_non_contiguous_hidden() -> None:
-    inputs = make_inputs(12, 8, 15)
+    inputs = make_inputs(12, 8, 15, dtype=torch.float64)
     wide = torch.randn(12, 20, dtype=torch.float64).requires_grad_(True)
     hidden = wide[:, 3:11]  # non-contiguous view, grads must land in the right columns
     assert not hidden.is_contiguous()
@@ -211,7 +166,7 @@ def test_empty_input() -> None:
 
 @pytest.mark.parametrize("impl", ["auto", "fused", "naive"])  # "triton": tests/kernels/test_triton_logprob.py
 def test_logprobs_from_hidden_shapes(impl: str) -> None:
-    inputs = make_inputs(2 * 5, 6, 11)
+    inputs = make_inputs(2 * 5, 6, 11, dtype=torch.float64)
     hidden, labels = inputs["hidden"].view(2, 5, 6), inputs["labels"].view(2, 5)
     logprobs, entropy = logprobs_from_hidden(
         hidden, inputs["weight"], labels, temperature=1.2, chunk_size=3, compute_entropy=True, impl=impl
@@ -227,7 +182,7 @@ def test_logprobs_from_hidden_shapes(impl: str) -> None:
 
 
 def test_logprobs_from_hidden_unknown_impl() -> None:
-    inputs = make_inputs(4, 3, 5)
+    inputs = make_inputs(4, 3, 5, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"'cuda'.*auto, fused, naive, triton"):
         logprobs_from_hidden(
             inputs["hidden"].view(1, 4, 3),
@@ -241,7 +196,7 @@ def test_logprobs_from_hidden_unknown_impl() -> None:
 
 
 def test_rejects_bad_arguments() -> None:
-    inputs = make_inputs(4, 3, 5)
+    inputs = make_inputs(4, 3, 5, dtype=torch.float64)
     hidden, weight, labels = inputs["hidden"], inputs["weight"], inputs["labels"]
     with pytest.raises(ValueError, match="temperature"):
         fused_logprobs_entropy(hidden, weight, labels, temperature=0.0)

@@ -28,7 +28,9 @@ from engine.trainer.actor import LogprobSettings, response_logprobs
 from kernels import IMPLEMENTATIONS, fused_logprobs_entropy, logprobs_from_hidden, resolve_impl
 from kernels.logprob import naive_logprobs_entropy
 from kernels.triton_logprob import TritonBlocks, interpreter_enabled, triton_logprobs_entropy
-from tests.engine.test_trainer import _random_batch
+from tests.engine.batches import random_batch
+from tests.engine.logprob_agreement import assert_same_logprobs_and_grads
+from tests.kernels.lm_head import make_inputs, upstream_grads, values_and_grads
 
 INTERPRETED = interpreter_enabled()
 # Collected only in the TRITON_INTERPRET=1 subprocess of test_kernels_in_an_interpreted_process.
@@ -37,54 +39,12 @@ interpreted = pytest.mark.child_only("TRITON_INTERPRET")
 SMALL = TritonBlocks(16, 16, 16, 16, 16, 16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """The tensors here are tiny: intra-op threads only add synchronisation."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def make_inputs(
-    n: int, h: int, v: int, *, dtype: torch.dtype = torch.float32, bias: bool = True, seed: int = 0
-) -> dict[str, torch.Tensor | None]:
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        "hidden": torch.randn(n, h, generator=gen).to(dtype),
-        # logits O(1-10): peaked but not one-hot distributions
-        "weight": (torch.randn(v, h, generator=gen) * (2.0 / h**0.5)).to(dtype),
-        "labels": torch.randint(0, v, (n,), generator=gen),
-        "bias": torch.randn(v, generator=gen).to(dtype) if bias else None,
-    }
-
-
-def values_and_grads(fn, inputs: dict, upstream: tuple, **kwargs) -> list[torch.Tensor]:
-    """``[logprobs, entropy, grad_hidden, grad_weight(, grad_bias)]`` of ``sum(a * logp + b * H)``."""
-    leaves = {
-        k: (t.detach().clone().requires_grad_(True) if k != "labels" and t is not None else t)
-        for k, t in inputs.items()
-    }
-    logprobs, entropy = fn(
-        leaves["hidden"], leaves["weight"], leaves["labels"], bias=leaves["bias"], **kwargs
-    )
-    a, b = upstream
-    (a * logprobs + b * entropy).sum().backward()
-    grads = [leaves[k].grad for k in ("hidden", "weight", "bias") if leaves[k] is not None]
-    return [logprobs.detach(), entropy.detach(), *grads]
-
-
 def reference(inputs: dict, upstream: tuple, temperature: float) -> list[torch.Tensor]:
     """The naive full-logits computation in float64, so that only the kernel's rounding is measured."""
     as_f64 = {k: (t.double() if t is not None and t.is_floating_point() else t) for k, t in inputs.items()}
     return values_and_grads(
         naive_logprobs_entropy, as_f64, tuple(u.double() for u in upstream), temperature=temperature
     )
-
-
-def upstream_grads(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(n, generator=gen), torch.randn(n, generator=gen)
 
 
 # ---- kernels, in the interpreted subprocess -------------------------------------------------------
@@ -228,19 +188,13 @@ def test_interpreted_selection_runs_triton_through_the_trainer(tiny_model_dir) -
     with pytest.raises(ValueError, match=r"trainer\.logprob_impl='triton'.*float64"):
         resolve_impl("triton", cpu.double())
     model = load_model(tiny_model_dir)
-    batch = _random_batch(model.config.vocab_size)
-    results = []
-    for impl in ("naive", "triton"):
-        model.zero_grad()
-        settings = LogprobSettings(temperature=0.7, impl=impl)
-        lp, ent = response_logprobs(model, batch, settings, compute_entropy=True)
-        ((lp + 0.1 * ent) * batch.response_mask).sum().backward()
-        results.append((lp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (lp0, ent0, g0), (lp1, ent1, g1) = results
-    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=1e-5)
-    for name in g0:
-        torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
+    batch = random_batch(model.config.vocab_size)
+    assert_same_logprobs_and_grads(
+        model,
+        batch,
+        LogprobSettings(temperature=0.7, impl="naive"),
+        LogprobSettings(temperature=0.7, impl="triton"),
+    )
 
 
 @pytest.mark.parent_only("TRITON_INTERPRET")
@@ -307,7 +261,7 @@ def test_auto_on_cpu_is_the_torch_fused_version(tiny_model_dir) -> None:
         assert torch.equal(a.view(-1), f)
 
     model = load_model(tiny_model_dir)
-    batch = _random_batch(model.config.vocab_size)
+    batch = random_batch(model.config.vocab_size)
     out = {}
     for impl in (TrainerConfig().logprob_impl, "fused"):
         out[impl] = response_logprobs(

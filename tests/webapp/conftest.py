@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from webapp.runs.launch import validate_run_config
 from webapp.runs.models import Run
+from webapp.runs.services import validate_run_config
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Project, Team
 
@@ -124,7 +124,7 @@ def token_for() -> Callable[[Any], str]:
 @pytest.fixture
 def valid_config() -> dict[str, Any]:
     """A full config as the engine validates it (what a launched run stores)."""
-    from webapp.runs.launch import validate_run_config
+    from webapp.runs.services import validate_run_config
 
     return validate_run_config({"name": "grpo-baseline", "trainer": {"total_steps": 50}})
 

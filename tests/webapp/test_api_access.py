@@ -8,37 +8,11 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from tests.webapp.api_endpoints import JSON, TEAM_ENDPOINTS, call, over_endpoints
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import Checkpoint, Run, ShareLink
 from webapp.teams.models import Project, Team
 
-JSON = "application/json"
-
-# Every endpoint that reaches an object of a team: (method, path, body).
-TEAM_ENDPOINTS = [
-    ("get", "/api/teams/{team}", None),
-    ("get", "/api/teams/{team}/projects", None),
-    ("post", "/api/teams/{team}/projects", {"name": "Sneaky"}),
-    ("get", "/api/projects/{project}", None),
-    ("get", "/api/projects/{project}/runs", None),
-    ("post", "/api/projects/{project}/runs", {"config": {}}),
-    ("get", "/api/runs/{run}", None),
-    ("patch", "/api/runs/{run}", {"notes": "sneaky"}),
-    ("post", "/api/runs/{run}/cancel", None),
-    ("post", "/api/runs/{run}/resume", {}),
-    ("post", "/api/runs/{run}/resume", {"checkpoint_id": "{checkpoint}"}),
-    ("post", "/api/runs/{run}/fork", {"changes": {"trainer": {"total_steps": 3}}}),
-    ("get", "/api/runs/{run}/checkpoints", None),
-    ("get", "/api/runs/{run}/logs", None),
-    ("get", "/api/runs/{run}/metrics", None),
-    ("get", "/api/runs/{run}/metrics/series", None),
-    ("get", "/api/runs/{run}/metrics.csv", None),
-    ("get", "/api/runs/{run}/samples", None),
-    ("get", "/api/runs/{run}/samples/steps", None),
-    ("get", "/api/runs/{run}/shares", None),
-    ("post", "/api/runs/{run}/shares", None),
-    ("delete", "/api/runs/{run}/shares/{share}", None),
-]
 # The writes a viewer may not do, and the role each needs.
 WRITES = {
     ("post", "/api/teams/{team}/projects"): "admin",
@@ -51,21 +25,6 @@ WRITES = {
     ("post", "/api/runs/{run}/shares"): "member",
     ("delete", "/api/runs/{run}/shares/{share}"): "member",
 }
-
-
-def fill(value: Any, ids: dict[str, int]) -> Any:
-    if isinstance(value, str):
-        return int(value.format(**ids)) if value.startswith("{") else value.format(**ids)
-    if isinstance(value, dict):
-        return {k: fill(v, ids) for k, v in value.items()}
-    return value
-
-
-def call(client: Client, method: str, path: str, body: Any, ids: dict[str, int]) -> Any:
-    url = path.format(**ids)
-    if body is None:
-        return getattr(client, method)(url)
-    return getattr(client, method)(url, fill(body, ids), content_type=JSON)
 
 
 @pytest.fixture
@@ -99,9 +58,7 @@ def snapshot(run: Run) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(
-    ("method", "path", "body"), TEAM_ENDPOINTS, ids=[f"{m} {p}" for m, p, _ in TEAM_ENDPOINTS]
-)
+@over_endpoints(TEAM_ENDPOINTS)
 def test_outsider_gets_404_on_every_endpoint_of_another_team(
     method: str,
     path: str,
@@ -133,9 +90,7 @@ def test_outsider_lists_only_their_own_teams(
     assert [t["slug"] for t in client.get("/api/me").json()["teams"]] == ["other-lab"]
 
 
-@pytest.mark.parametrize(
-    ("method", "path", "body"), TEAM_ENDPOINTS, ids=[f"{m} {p}" for m, p, _ in TEAM_ENDPOINTS]
-)
+@over_endpoints(TEAM_ENDPOINTS)
 def test_viewer_reads_everything_and_writes_nothing(
     method: str,
     path: str,

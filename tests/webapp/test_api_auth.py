@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from tests.webapp.api_endpoints import JSON, TEAM_ENDPOINTS, call, over_endpoints
 from webapp.api.models import ApiToken
-from webapp.runs.models import Run
+from webapp.runs.models import Checkpoint, Run
 from webapp.teams.models import Project, Team
-
-JSON = "application/json"
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -28,37 +27,11 @@ AUTHENTICATED = [
     ("post", "/api/tokens", {"name": "ci"}),
     ("delete", "/api/tokens/{token}", None),
     ("get", "/api/teams", None),
-    ("get", "/api/teams/{team}", None),
-    ("get", "/api/teams/{team}/projects", None),
-    ("post", "/api/teams/{team}/projects", {"name": "New"}),
-    ("get", "/api/projects/{project}", None),
-    ("get", "/api/projects/{project}/runs", None),
-    ("post", "/api/projects/{project}/runs", {"config": {}}),
-    ("get", "/api/runs/{run}", None),
-    ("patch", "/api/runs/{run}", {"notes": "x"}),
-    ("post", "/api/runs/{run}/cancel", None),
-    ("post", "/api/runs/{run}/resume", {}),
-    ("post", "/api/runs/{run}/fork", {}),
-    ("get", "/api/runs/{run}/checkpoints", None),
-    ("get", "/api/runs/{run}/logs", None),
-    ("get", "/api/runs/{run}/metrics", None),
-    ("get", "/api/runs/{run}/metrics/series", None),
-    ("get", "/api/runs/{run}/metrics.csv", None),
-    ("get", "/api/runs/{run}/samples", None),
-    ("get", "/api/runs/{run}/samples/steps", None),
-    ("get", "/api/runs/{run}/shares", None),
-    ("post", "/api/runs/{run}/shares", None),
-    ("delete", "/api/runs/{run}/shares/{share}", None),
+    *TEAM_ENDPOINTS,
     ("get", "/api/presets", None),
     ("get", "/api/schema", None),
     ("get", "/api/workers", None),
 ]
-
-
-def call(client: Client, method: str, path: str, body: Any = None, **extra: Any) -> Any:
-    if body is None:
-        return getattr(client, method)(path, **extra)
-    return getattr(client, method)(path, body, content_type=JSON, **extra)
 
 
 @pytest.fixture
@@ -70,18 +43,17 @@ def ids(team: Team, project: Project, api_run: Run, member: Any) -> dict[str, in
         "team": team.pk,
         "project": project.pk,
         "run": api_run.pk,
+        "checkpoint": Checkpoint.objects.create(run=api_run, seq=1, step=1, path="ckpt-1", bytes=1).pk,
         "share": ShareLink.create(api_run, member).pk,
         "token": token.pk,
     }
 
 
-@pytest.mark.parametrize(
-    ("method", "path", "body"), AUTHENTICATED, ids=[f"{m} {p}" for m, p, _ in AUTHENTICATED]
-)
+@over_endpoints(AUTHENTICATED)
 def test_anonymous_gets_401_everywhere(
     method: str, path: str, body: Any, ids: dict[str, int], client_for: Callable[..., Client]
 ) -> None:
-    response = call(client_for(None), method, path.format(**ids), body)
+    response = call(client_for(None), method, path, body, ids)
     assert response.status_code == 401, response.content
     assert "authentication required" in response.json()["detail"]
     assert response["WWW-Authenticate"].startswith("Bearer")
@@ -260,13 +232,13 @@ def test_unexpected_errors_never_leak_a_traceback(
     caplog: pytest.LogCaptureFixture,
     settings: Any,
 ) -> None:
-    from webapp.api import queries
+    from webapp.api import serializers
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("secret internals")
 
     settings.DEBUG = True  # even with DEBUG on, the response holds no traceback
-    monkeypatch.setattr(queries, "run_out", broken)
+    monkeypatch.setattr(serializers, "run_out", broken)
     with caplog.at_level(logging.ERROR, logger="webapp.api.api"):
         response = client_for(member).get(f"/api/runs/{api_run.pk}")
     assert response.status_code == 500

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from webapp.api import queries
+from webapp.runs import selectors
 from webapp.runs.models import MetricPoint, Run
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -144,9 +144,9 @@ def test_every_series_or_all_but_some(api_run: Run, viewer_client: Client) -> No
     assert names("?exclude=reward/mean,actor/kl_loss,actor/entropy") == []
     # Without names, only the metrics with points after after_step come back.
     assert names("?after_step=3") == ["actor/entropy"]
-    assert queries.metric_name_list(api_run) == ["actor/entropy", "actor/kl_loss", "reward/mean"]
+    assert selectors.metric_name_list(api_run) == ["actor/entropy", "actor/kl_loss", "reward/mean"]
     assert (
-        queries.metric_name_list(Run.objects.create(project=api_run.project, name="empty", config={})) == []
+        selectors.metric_name_list(Run.objects.create(project=api_run.project, name="empty", config={})) == []
     )
 
 

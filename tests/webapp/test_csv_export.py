@@ -31,7 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from tests.e2e.harness import Deployment, wait_until
-from webapp.api.queries import CSV_CHUNK_ROWS
+from webapp.runs.selectors import CSV_CHUNK_ROWS
 
 pytestmark = pytest.mark.slow
 

@@ -17,15 +17,7 @@ from django import db
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.protocol import (
-    CLOSE_BAD_EVENT,
-    CLOSE_BAD_MESSAGE,
-    CLOSE_BAD_TOKEN,
-    CLOSE_NO_RUN,
-    CLOSE_RUN_OVER,
-    CLOSE_TOO_BIG,
-    CLOSE_WRONG_RUN,
-)
+from engine import contracts
 from tests.webapp.event_builders import T0, a_run_of, metrics, status
 from tests.webapp.test_live import TIMEOUT, closed_with, connections, ingest, watch  # noqa: F401 - fixtures
 from webapp.asgi import application
@@ -36,7 +28,7 @@ from webapp.runs.tokens import ingest_token, start_attempt
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
-INGEST_CODES = {CLOSE_BAD_MESSAGE, CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_RUN_OVER, CLOSE_TOO_BIG, CLOSE_BAD_EVENT}
+INGEST_CODES = {contracts.CLOSE_BAD_MESSAGE, contracts.CLOSE_BAD_TOKEN, contracts.CLOSE_WRONG_RUN, contracts.CLOSE_NO_RUN, contracts.CLOSE_RUN_OVER, contracts.CLOSE_TOO_BIG, contracts.CLOSE_BAD_EVENT}
 
 
 async def _open(run_id: int, token: str) -> tuple[WebsocketCommunicator, dict[str, Any] | None, int | None]:
@@ -68,10 +60,10 @@ async def test_a_token_dies_with_its_attempt(connections, run) -> None:  # noqa:
 
     await comm.send_json_to({"type": "events", "events": [metrics(1, 1, loss=1.0)]})
     code, message = await closed_with(comm)
-    assert code == CLOSE_BAD_TOKEN and "token is for attempt 1" in message and "(attempt 2)" in message
+    assert code == contracts.CLOSE_BAD_TOKEN and "token is for attempt 1" in message and "(attempt 2)" in message
     late, hello, code = await _open(run.pk, old)
     connections.append(late)
-    assert (hello, code) == (None, CLOSE_BAD_TOKEN)
+    assert (hello, code) == (None, contracts.CLOSE_BAD_TOKEN)
 
     current, hello, _ = await _open(run.pk, new)
     connections.append(current)
@@ -108,7 +100,7 @@ async def test_a_final_run_drains_its_tail_and_takes_nothing_after(connections, 
     assert await again.receive_json_from(timeout=TIMEOUT) == {"type": "ack", "seq": 8}
     await again.send_json_to({"type": "events", "events": [forged_in_batch]})
     code, message = await closed_with(again)
-    assert code == CLOSE_RUN_OVER and "final status was event 8" in message
+    assert code == contracts.CLOSE_RUN_OVER and "final status was event 8" in message
     assert not await sync_to_async(MetricPoint.objects.filter(run=run, step=9999).exists)()
 
 
@@ -265,9 +257,9 @@ async def test_fuzz_the_ingest_socket(run, payload) -> None:
 async def test_fuzz_the_browser_sockets(run, project, member, after, share, run_id, message) -> None:
     from urllib.parse import urlencode
 
-    from tests.webapp.test_live import ORIGIN, _cookie_for
+    from tests.webapp.test_live import ORIGIN, session_cookie_for
 
-    cookie = await sync_to_async(_cookie_for)(member)
+    cookie = await sync_to_async(session_cookie_for)(member)
     for path in (
         f"/ws/runs/{run.pk}/?{urlencode({'after_seq': after, 'share': share})}",
         f"/ws/runs/{run_id}/?{urlencode({'share': share})}",
@@ -287,7 +279,7 @@ async def test_fuzz_the_browser_sockets(run, project, member, after, share, run_
                     if kind == "error":
                         output = await comm.receive_output(timeout=TIMEOUT)
                 if output["type"] == "websocket.close":
-                    assert output.get("code") in (CLOSE_BAD_MESSAGE, CLOSE_NOT_FOUND), output
+                    assert output.get("code") in (contracts.CLOSE_BAD_MESSAGE, CLOSE_NOT_FOUND), output
             else:
                 assert await comm.receive_nothing(timeout=0.05) or True
         finally:

@@ -15,27 +15,27 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django import db
 from django.core import signing
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
-from jobs.protocol import (
+from engine.contracts import (
     CLOSE_BAD_EVENT,
     CLOSE_BAD_MESSAGE,
     CLOSE_BAD_TOKEN,
     CLOSE_NO_RUN,
     CLOSE_TOO_BIG,
     CLOSE_WRONG_RUN,
-    MAX_BATCH_EVENTS,
-    MAX_MESSAGE_BYTES,
 )
+from jobs.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
 from tests.webapp.event_builders import a_run_of, metrics, status
 from webapp.asgi import application
+from webapp.live import announce
 from webapp.live.consumers import CLOSE_NOT_FOUND
-from webapp.live.groups import run_group, send_async
 from webapp.runs.choices import RunStatus
 from webapp.runs.ingest import store_events
-from webapp.runs.launch import request_cancel
 from webapp.runs.models import MetricPoint, Run, ShareLink
+from webapp.runs.services import request_cancel
 from webapp.runs.sweeper import sweep_lost_runs
 from webapp.runs.tokens import ingest_token
 
@@ -45,7 +45,7 @@ ORIGIN = (b"origin", b"http://localhost")
 TIMEOUT = 10
 
 
-def _cookie_for(user: Any) -> tuple[bytes, bytes]:
+def session_cookie_for(user: Any) -> tuple[bytes, bytes]:
     client = Client()
     client.force_login(user)
     return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
@@ -82,7 +82,7 @@ def watch(connections: list[WebsocketCommunicator]) -> Callable[..., Any]:
     async def open_watch(path: str, user: Any = None) -> WebsocketCommunicator:
         headers = [ORIGIN]
         if user is not None:
-            headers.append(await sync_to_async(_cookie_for)(user))
+            headers.append(await sync_to_async(session_cookie_for)(user))
         comm = WebsocketCommunicator(application, path, headers=headers)
         connections.append(comm)
         connected, _ = await comm.connect(timeout=TIMEOUT)
@@ -259,18 +259,16 @@ async def test_a_browser_replays_after_its_cursor_then_follows_live(ingest, watc
     assert got == data_seqs(events[7:20]) + [e["seq"] for e in rest]
 
 
-async def test_a_browser_fills_a_hole_the_channel_layer_left(watch, run, member) -> None:
-    """The layer dropped the messages for seq 1-9 (never sent here): the next message it
+async def test_a_browser_fills_a_hole_the_channel_layer_left(watch, run, member, monkeypatch) -> None:
+    """The layer dropped the messages for seq 1-9 (never delivered here): the next message it
     does deliver starts at 10, and the consumer reads 1-9 from the database first."""
     browser = await watch(f"/ws/runs/{run.pk}/", member)
     await browser.receive_json_from(timeout=TIMEOUT)
     events = [metrics(seq, seq, loss=seq / 10) for seq in range(1, 13)]
-    await sync_to_async(store_events)(run.pk, events[:9])
-    stored = await sync_to_async(store_events)(run.pk, events[9:])
-    await send_async(
-        run_group(run.pk),
-        {"type": "run.events", "from_seq": stored.previous_seq + 1, "last_seq": stored.last_seq, "events": stored.events},
-    )
+    with monkeypatch.context() as lossy:
+        lossy.setattr(announce, "send", lambda group, message: None)  # the layer loses the fan-out
+        await sync_to_async(store_events)(run.pk, events[:9])
+    await sync_to_async(store_events)(run.pk, events[9:])  # its fan-out arrives: from_seq 10
     got = await received_seqs(browser, 12)
     assert got == list(range(1, 13))
     replayed = [m for m in events[:9]]
@@ -316,6 +314,26 @@ async def test_the_project_socket_carries_status_changes(watch, ingest, run, pro
     seen = [await table.receive_json_from(timeout=TIMEOUT) for _ in range(2)]
     assert [(m["run"], m["status"]) for m in seen] == [(run.pk, "starting"), (run.pk, "running")]
     assert seen[0]["worker_host"] == "cpu-3"
+
+
+async def test_watchers_hear_of_a_change_once_it_commits_and_never_of_one_rolled_back(
+    watch, run, project, member
+) -> None:
+    """Announcements wait for the commit (``webapp.live.announce``): a cancel whose transaction
+    rolls back reaches nobody; the same cancel committed reaches the runs table."""
+    table = await watch(f"/ws/projects/{project.pk}/", member)
+
+    def cancel_then_roll_back() -> None:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            request_cancel(run)
+            raise RuntimeError("rolled back")
+
+    await sync_to_async(cancel_then_roll_back)()
+    assert await table.receive_nothing(timeout=1)
+    assert (await sync_to_async(Run.objects.get)(pk=run.pk)).status == RunStatus.QUEUED
+    await sync_to_async(request_cancel)(run)
+    message = await table.receive_json_from(timeout=TIMEOUT)
+    assert (message["run"], message["status"]) == (run.pk, "cancelled")
 
 
 async def test_the_sweeper_marks_silent_runs_lost_and_says_so(watch, make_run, project, member) -> None:

@@ -11,7 +11,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from webapp.pages.runs.compare import config_diff, flatten, parse_ids
+from webapp.inputs import parse_ids
+from webapp.pages.runs.compare import config_diff, flatten
 from webapp.runs.models import MetricPoint, Run
 from webapp.teams.models import Project
 
@@ -63,8 +64,9 @@ def test_config_diff_tells_types_apart() -> None:
 
 
 def test_parse_ids() -> None:
-    assert parse_ids("3, 1,x,3,,-2") == ([3, 1], 2)
-    assert parse_ids("") == ([], 0)
+    assert parse_ids(["3, 1,x,3,,-2"]) == ([3, 1], ["x", "-2"])
+    assert parse_ids([""]) == ([], [])
+    assert parse_ids(["4,1", " 1, y ", "5"]) == ([4, 1, 5], ["y"])  # repeated form fields
 
 
 # --- the page ------------------------------------------------------------------------------------

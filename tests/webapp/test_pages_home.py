@@ -41,7 +41,7 @@ def test_a_user_without_a_team_is_told_what_to_do(client: Client, django_user_mo
 
 
 def test_front_end_libraries_come_from_npm_through_the_web_process(client: Client) -> None:
-    for path in ("/static/vendor/uplot/uPlot.iife.min.js", "/static/vendor/htmx/htmx.min.js",
+    for path in ("/static/vendor/uplot/uPlot.esm.js", "/static/vendor/htmx/htmx.min.js",
                  "/static/tributary/app.js", "/static/tributary/app.css"):  # fmt: skip
         response = client.get(path)
         assert response.status_code == 200, path

@@ -7,6 +7,7 @@ input, select and textarea, checkboxes only when checked.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from html.parser import HTMLParser
 from typing import Any
 
@@ -16,8 +17,8 @@ from django.test import Client
 
 from engine.config import PRESETS, load_yaml
 from webapp.runs.choices import ParentKind
-from webapp.runs.launch import validate_run_config
 from webapp.runs.models import Run
+from webapp.runs.services import validate_run_config
 from webapp.teams.models import Project
 
 
@@ -101,10 +102,8 @@ def editor_html(html: str) -> str:
 
 
 @pytest.fixture
-def member_client(member: Any) -> Client:
-    client = Client()
-    client.force_login(member)
-    return client
+def member_client(member: Any, client_for: Callable[..., Client]) -> Client:
+    return client_for(member)
 
 
 def new_url(project: Project) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -85,10 +86,8 @@ def url(run: Run) -> str:
 
 
 @pytest.fixture
-def viewer_client(viewer: Any) -> Client:
-    client = Client()
-    client.force_login(viewer)
-    return client
+def viewer_client(viewer: Any, client_for: Callable[..., Client]) -> Client:
+    return client_for(viewer)
 
 
 def groups_of(html: str) -> list[str]:

@@ -86,7 +86,7 @@ def test_member_sees_header_actions_and_tabs(
         MetricPoint.objects.create(run=api_run, name=name, step=1, value=0.5, time=timezone.now(), seq=1)
     # The page fetches its first panel's history on its own: it needs every name up front.
     assert _data(_page(client_for(member), api_run))["metric_names"] == ["actor/entropy", "reward/mean"]
-    assert "uPlot.iife.min.js" in page and "tributary/run.js" in page
+    assert '<script type="module" src="/static/tributary/run.js">' in page  # it imports uPlot itself
 
 
 def test_viewer_sees_no_actions_and_every_post_is_403(

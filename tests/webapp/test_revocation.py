@@ -105,10 +105,11 @@ async def test_removing_a_member_closes_their_open_sockets(
 
 async def test_a_role_change_keeps_the_members_sockets_open(watch, ingest, run, team, member) -> None:  # noqa: F811
     """Only a change that takes access away closes: a member made viewer still sees the run."""
-    from webapp.live.groups import recheck_access_on_commit, user_group
+    from webapp.live.announce import access_changed
+    from webapp.live.groups import user_group
 
     socket = await watch(f"/ws/runs/{run.pk}/", member)
     await _hello(socket)
     await sync_to_async(set_role)(team, member, Role.VIEWER)
-    await sync_to_async(recheck_access_on_commit)(user_group(member.pk), "your role changed")
+    await sync_to_async(access_changed)(user_group(member.pk), "your role changed")
     await _still_open(ingest, [socket], run.pk)

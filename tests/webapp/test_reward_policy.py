@@ -1,5 +1,5 @@
 """Code execution is a deployment decision, not a launch field (engine/rewards/policy.py,
-webapp.runs.launch.reward_policy_for): through the API, the launch page and the broker."""
+webapp.runs.queueing.reward_policy_for): through the API, the launch page and the broker."""
 
 from __future__ import annotations
 

@@ -326,7 +326,7 @@ def test_the_check_finds_what_the_policy_blocks() -> None:
 def test_the_css_and_scripts_the_pages_load_do_not_inject_inline_styles() -> None:
     """htmx would add a <style> element, and copy style attributes when it settles a swap (both
     blocked by style-src 'self'), unless told not to (the browser test caught the second)."""
-    base = (REPO_ROOT / "templates" / "base.html").read_text()
+    base = (REPO_ROOT / "webapp" / "pages" / "templates" / "base.html").read_text()
     assert '"includeIndicatorStyles": false' in base
     assert '"attributesToSettle": ["class", "width", "height"]' in base  # no setAttribute("style")
     statics = Path(REPO_ROOT / "webapp" / "pages" / "static" / "tributary")

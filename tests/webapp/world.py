@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from webapp.api.models import ApiToken
-from webapp.runs.launch import validate_run_config
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, Sample, ShareLink
+from webapp.runs.services import validate_run_config
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Project, Team
 

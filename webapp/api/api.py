@@ -33,8 +33,8 @@ from ninja.operation import Operation
 from webapp.api.auth import API_AUTH
 from webapp.api.routers import account, data, engine, projects, runs, shares, workers
 from webapp.dbpool import busy_response, pool_exhausted
-from webapp.runs.launch import CannotResume, RunConfigInvalid
 from webapp.runs.models import InvalidTransition
+from webapp.runs.services import CannotResume, RunConfigInvalid
 from webapp.teams.access import Forbidden, NotFound
 
 log = logging.getLogger(__name__)

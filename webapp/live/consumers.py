@@ -1,7 +1,8 @@
 """The three sockets of the web app.
 
 - ``IngestConsumer`` (``/ws/ingest/<run>/``, ``Authorization: Bearer <token>``): a worker ships one run's engine events
-  (protocol in ``jobs/protocol.py``). Events are stored first, acknowledged, then fanned out.
+  (protocol in ``jobs/protocol.py``). Events are stored, fanned out once committed
+  (``webapp.live.announce``), then acknowledged.
 - ``RunConsumer`` (``/ws/runs/<run>/?after_seq=N[&share=T]``): a browser follows one run:
   stored events after N are replayed, then live ones follow, with no gap and no duplicate.
   Every ``events`` message carries ``last_seq``, the cursor to reconnect with.
@@ -23,45 +24,40 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.utils import timezone
 
-from engine.events import clean_text
-from jobs.protocol import (
-    ATTACH_CLAIM,
-    CLAIM_MAX_CHARS,
+from engine.contracts import (
     CLOSE_BAD_EVENT,
     CLOSE_BAD_MESSAGE,
     CLOSE_BAD_TOKEN,
     CLOSE_NO_RUN,
+    CLOSE_NOT_FOUND,
+    CLOSE_REVOKED,
     CLOSE_TOO_BIG,
+    CLOSE_UNAVAILABLE,
+)
+from engine.events import clean_text
+from jobs.protocol import (
+    ATTACH_CLAIM,
+    CLAIM_MAX_CHARS,
     HELLO_CLAIMS,
     MAX_BATCH_EVENTS,
     MAX_MESSAGE_BYTES,
     MSG_CLAIM,
 )
-from webapp.live.groups import (
-    ingest_group,
-    project_group,
-    run_group,
-    send_async,
-    share_group,
-    status_message,
-    user_group,
-)
+from webapp.live.announce import status_message
+from webapp.live.groups import ingest_group, project_group, run_group, share_group, user_group
 from webapp.live.replay import stored_events
 from webapp.runs.choices import RunStatus
 from webapp.runs.ingest import MAX_BIGINT, InvalidEvent, SeqGap, is_poison, stale_attempt_reason, store_events
-from webapp.runs.models import InvalidTransition, Run, ShareLink
-from webapp.runs.reconcile import claim_order
+from webapp.runs.models import Run, ShareLink
+from webapp.runs.services import claim_run, note_worker_seen
 from webapp.runs.tokens import TokenRejected, check_ingest_token, ingest_token
 from webapp.teams.access import NotFound, project_for, run_for
 
 log = logging.getLogger(__name__)
 
-CLOSE_REVOKED = 4403  # browser sockets: the share link was revoked, or the user left the team
-CLOSE_NOT_FOUND = 4404  # browser sockets: no such run/project, or not yours to see
-CLOSE_UNAVAILABLE = 1011  # the database failed: the worker reconnects and resends
 HEARTBEAT_WRITE_EVERY_S = 5.0
 MAX_SHARE_TOKEN = 64  # ShareLink.token's length
 
@@ -139,7 +135,7 @@ class IngestConsumer(_JsonSocket):
             await self.refuse(exc.code, str(exc))
             return
         try:
-            run = await database_sync_to_async(_seen)(run_id) if run_id else None
+            run = await database_sync_to_async(note_worker_seen)(run_id) if run_id else None
         except DatabaseError:
             await self.unavailable(f"ingest connect of run {self.run_id}")
             return
@@ -237,16 +233,6 @@ class IngestConsumer(_JsonSocket):
             ack["token"] = ingest_token(self.run_id, self.attempt)
             self.token_issued = time.monotonic()
         await self.send_message(ack)
-        if stored.events:
-            await send_async(
-                run_group(self.run_id),
-                {
-                    "type": "run.events",
-                    "from_seq": stored.previous_seq + 1,
-                    "last_seq": stored.last_seq,
-                    "events": stored.events,
-                },
-            )
 
     async def _heartbeat(self) -> None:
         """A ping is liveness of the worker (``worker_seen_at``), not progress of the run: only
@@ -266,71 +252,13 @@ class IngestConsumer(_JsonSocket):
                 CLOSE_BAD_MESSAGE, f"attach: 'claim' must be a string of 1 to {CLAIM_MAX_CHARS} characters"
             )
             return
-        answer = await database_sync_to_async(_claim)(self.run_id, host, claim or "", getattr(self, "attempt", None))
+        answer = await database_sync_to_async(claim_run)(self.run_id, host, claim or "", getattr(self, "attempt", None))
         if answer is not None:
             won, why = answer
             await self.send_message({"type": MSG_CLAIM, "won": won, "message": why})
 
     async def ingest_cancel(self, event: dict[str, Any]) -> None:
         await self.send_message({"type": "cancel", "message": event.get("message", "")})
-
-
-def _seen(run_id: int) -> Run | None:
-    """The run, its worker noted as seen now (liveness: a connection is no progress)."""
-    Run.objects.filter(pk=run_id).update(worker_seen_at=timezone.now())
-    return Run.objects.filter(pk=run_id).first()
-
-
-def _claim(run_id: int, host: str, claim: str = "", attempt: int | None = None) -> tuple[bool, str] | None:
-    """A worker attached: a queued run becomes starting on that host (the engine confirms).
-
-    With a ``claim`` id (see ``jobs/protocol.py``) the start is exclusive and the answer is
-    ``(won, why not)``: the conditional UPDATE queued -> starting records the claim, so of two
-    supervisors holding copies of the run's message (a broker redelivery, a reconciler's re-send)
-    exactly one wins; the winner reconnecting with the same claim keeps the run. Before that, the
-    queue order is checked (``reconcile.claim_order``): an older queued run of the same queue
-    that lost its message or waits behind this one goes first, and this run is queued again.
-    Only the current ``attempt``'s supervisor can win (checked under the row lock): a copy of an
-    older message (the run was sent again since) never starts it.
-    Without a claim (a worker of before claims), the plain start of before, and None.
-    """
-    run = Run.objects.filter(pk=run_id).first()
-    if run is None:
-        return (False, f"run {run_id} does not exist") if claim else None
-    if not claim:
-        if run.status == RunStatus.QUEUED:
-            try:
-                run.start(worker_host=host)
-                return None
-            except InvalidTransition:  # cancelled meanwhile: the worker learns it from the status
-                pass
-        Run.objects.filter(pk=run_id).update(worker_host=host, worker_seen_at=timezone.now())  # liveness
-        return None
-    if run.status == RunStatus.QUEUED:
-        if run.cancel_requested_at is None:  # a run about to be cancelled starts nothing: no order
-            behind = claim_order(run)
-            if behind:
-                return False, f"not started now: {behind}"
-        with transaction.atomic():
-            run = Run.objects.select_for_update().get(pk=run_id)
-            if attempt is not None and run.attempt != attempt:
-                return False, stale_attempt_reason(run_id, attempt, run.attempt)
-            try:
-                run.transition(RunStatus.STARTING, worker_host=host, claim=claim)
-                return True, ""
-            except InvalidTransition:  # another supervisor won, or it was cancelled meanwhile
-                pass
-    if run.status != RunStatus.QUEUED and run.claim == claim:
-        # The holder reconnecting: it keeps the run, to ship its tail even once the run is final.
-        if not RunStatus(run.status).is_final:  # liveness, not progress (a reconnect is no sign the engine trains)
-            Run.objects.filter(pk=run_id, claim=claim).update(worker_host=host, worker_seen_at=timezone.now())
-        return True, ""
-    if run.status in (RunStatus.STARTING, RunStatus.RUNNING):
-        return False, (
-            f"run {run_id} is already {run.status} on {run.worker_host or 'another worker'} "
-            "under another claim: this copy of its queue message starts nothing"
-        )
-    return False, f"run {run_id} is {run.status}: nothing to start"
 
 
 # --------------------------------------------------------------------------- browsers
@@ -369,7 +297,7 @@ def _may_still_see_project(user: Any, project_id: int) -> bool:
 
 class _Revocable(_JsonSocket):
     """A browser socket that closes with ``CLOSE_REVOKED`` once its access is taken away: a
-    revoked share link, a member removed from the team (``groups.recheck_access_on_commit``
+    revoked share link, a member removed from the team (``announce.access_changed``
     sends ``access.check`` to the share link's or the user's group; the socket asks the
     database again rather than trusting the message, so any change of access is caught)."""
 

@@ -16,6 +16,11 @@ def _browser(consumer: type) -> object:
     return AllowedHostsOriginValidator(AuthMiddlewareStack(consumer.as_asgi()))
 
 
+def run_socket_path(run_id: int) -> str:
+    """The path of a run's browser socket (``RunConsumer``), for the pages' scripts."""
+    return f"/ws/runs/{run_id}/"
+
+
 def websocket_application() -> URLRouter:
     return URLRouter(
         [

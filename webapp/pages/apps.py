@@ -2,8 +2,8 @@ from django.apps import AppConfig
 
 
 class PagesConfig(AppConfig):
-    """The server-rendered pages (templates/pages), built on the JSON API's queries and the
-    run/project sockets."""
+    """The server-rendered pages, built on the domain selectors and the run/project sockets.
+    Each page package (launch, rollouts, runs, teams) keeps its templates beside its views."""
 
     name = "webapp.pages"
     label = "pages"

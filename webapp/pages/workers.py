@@ -8,7 +8,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from jobs.registry import TTL_S
-from webapp.api.queries import workers_out
+from webapp.api.serializers import workers_out
 
 
 @login_required

@@ -1,8 +1,14 @@
-"""Run statuses (with their badge colour and legal transitions) and parent kinds, in one place."""
+"""Run statuses (with their badge colour and legal transitions) and parent kinds, in one place.
+
+The status names are the run states of ``engine.contracts``, which the engine, the worker and
+the pages share; here they gain labels, badge colours and the state machine.
+"""
 
 from __future__ import annotations
 
 from django.db import models
+
+from engine.contracts import ACTIVE_STATES, FINAL_STATES, RUN_STATES
 
 
 class RunStatus(models.TextChoices):
@@ -53,8 +59,10 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.LOST: frozenset(),
 }
 
-FINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST})
-ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.RUNNING})
+FINAL_STATUSES = frozenset(RunStatus(state) for state in FINAL_STATES)
+ACTIVE_STATUSES = frozenset(RunStatus(state) for state in ACTIVE_STATES)
+if set(RunStatus.values) != set(RUN_STATES):  # a state added on one side only: fail at import, not later
+    raise RuntimeError(f"RunStatus {sorted(RunStatus.values)} differs from engine.contracts.RUN_STATES")
 
 
 class ParentKind(models.TextChoices):

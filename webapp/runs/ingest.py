@@ -1,6 +1,6 @@
 """Storing the engine's events: validation, storable text, quarantine (``store_events``).
 
-Shipping is at-least-once (DESIGN.md), so storing is idempotent: events at or below the run's
+Shipping is at-least-once (ARCHITECTURE.md), so storing is idempotent: events at or below the run's
 cursor (``Run.last_seq``) are skipped, the rest are stored in one transaction and the cursor
 moves to the highest stored seq, which is what the ingest socket acknowledges.
 
@@ -37,8 +37,9 @@ from typing import Any
 from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.utils import timezone
 
-from engine.events import EVENT_TYPES, clean, clean_text
-from jobs.protocol import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER
+from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, ENGINE_FINAL_STATES, ENGINE_STATES, EVENT_TYPES
+from engine.events import clean, clean_text
+from webapp.live import announce
 from webapp.runs.bulk import PointRow, insert_metric_points
 from webapp.runs.choices import LogLevel, RunStatus
 from webapp.runs.models import Checkpoint, LogLine, Run, Sample
@@ -46,8 +47,6 @@ from webapp.runs.tokens import TokenRejected
 
 log = logging.getLogger(__name__)
 
-ENGINE_STATES = ("starting", "running", "succeeded", "failed", "cancelled")
-ENGINE_FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 MAX_NAME = 200
 MAX_INT = 2**31 - 1  # integer columns (step, length)
 MAX_BIGINT = 2**63 - 1  # bigint columns (seq, bytes)
@@ -93,8 +92,8 @@ class IngestClosed(TokenRejected):
 @dataclass(frozen=True)
 class Stored:
     """What one ingest call stored: the cursor before and after, and the new events (as
-    validated, JSON-ready) for the live fan-out; ``quarantined`` lists the seqs replaced by an
-    error log line."""
+    validated, JSON-ready: what the live fan-out sent); ``quarantined`` lists the seqs replaced
+    by an error log line."""
 
     previous_seq: int
     last_seq: int
@@ -113,7 +112,8 @@ def store_events(run_id: int, events: Iterable[Mapping[str, Any]], *, attempt: i
     seq to resend, so a missing event can never be skipped past. A status event moves the run
     through its state machine; one the machine refuses (``running`` for a run already
     cancelled) is kept as a warning log line. The engine's final status closes the attempt:
-    later events raise ``IngestClosed``.
+    later events raise ``IngestClosed``. The run's watchers hear of the stored events and
+    status changes once the batch commits (``webapp.live.announce``).
 
     ``attempt`` (from the ingest token) must be the run's current attempt, else
     ``TokenRejected``: a worker of an attempt the run has moved past writes nothing.
@@ -130,14 +130,17 @@ def store_events(run_id: int, events: Iterable[Mapping[str, Any]], *, attempt: i
         if fresh and locked.final_seq is not None and fresh[0]["seq"] > locked.final_seq:
             raise IngestClosed(run_id, locked.final_seq, str(locked.status))
         fresh = _through_final_status(fresh)
+        public: list[dict[str, Any]] = []
         if fresh:
             _check_contiguous(previous, fresh)
             fresh = _store_or_quarantine(locked, fresh)
+            public = [_public(e) for e in fresh]
+            announce.events_stored(run_id, previous, fresh[-1]["seq"], public)
     quarantined = tuple(e["seq"] for e in fresh if e.get("quarantined"))
     return Stored(
         previous,
         fresh[-1]["seq"] if fresh else previous,
-        [_public(e) for e in fresh],
+        public,
         quarantined,
         RunStatus(locked.status).is_final,
     )
@@ -459,5 +462,6 @@ def _apply_status(run: Run, state: str, message: str) -> str:
         )
     # The row is locked by store_events, so this conditional update cannot lose a race.
     run.transition(target, message=message)
+    announce.status_changed(run.pk)  # registered before the batch's events: watchers hear it first
     return ""
 

@@ -4,10 +4,10 @@ import secrets
 from typing import Any
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import models
+from django.urls import reverse
 from django.utils import timezone
 
-from webapp.live.groups import announce_status, recheck_access_on_commit, share_group
 from webapp.runs.choices import FINAL_STATUSES, TRANSITIONS, LogLevel, ParentKind, RunStatus
 from webapp.teams.models import Project, Team
 
@@ -118,6 +118,9 @@ class Run(models.Model):
     def __str__(self) -> str:
         return f"{self.name} (#{self.pk})"
 
+    def get_absolute_url(self) -> str:
+        return reverse("run", kwargs={"run_id": self.pk})
+
     # --- the state machine -------------------------------------------------------------
     def transition(self, to: RunStatus | str, *, message: str | None = None, **fields: Any) -> None:
         """Move the run to ``to`` with an atomic conditional UPDATE.
@@ -126,6 +129,9 @@ class Run(models.Model):
         ``TransitionConflict`` when the row is no longer in the status this instance holds
         (another worker got there first); in both cases nothing is written. ``fields`` are
         other columns to set in the same UPDATE (``worker_host=...``).
+
+        The model knows no sockets: the service that moves a run announces the change
+        (``webapp.live.announce.status_changed``), once it commits.
         """
         current = RunStatus(self.status)
         target = RunStatus(to)
@@ -151,9 +157,6 @@ class Run(models.Model):
             )
         for name, value in updates.items():
             setattr(self, name, value)
-        # Watchers hear of it once the change is committed (at once outside a transaction).
-        run_id = self.pk
-        transaction.on_commit(lambda: announce_status(run_id))
 
     def start(self, worker_host: str) -> None:
         """A worker claims the queued run; only one of several competing workers wins."""
@@ -264,7 +267,8 @@ class LogLine(models.Model):
 
 class ShareLink(models.Model):
     """A read-only link to one run: whoever holds the token sees the run page and its rollouts,
-    nothing else. Revoking keeps the row (who shared what, when) and stops the token working."""
+    nothing else. Revoking (``webapp.runs.sharing``) keeps the row (who shared what, when) and
+    stops the token working."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="share_links")
     token = models.CharField(max_length=64, unique=True)
@@ -280,20 +284,13 @@ class ShareLink(models.Model):
     def __str__(self) -> str:
         return f"share link of run {self.run_id}"
 
+    def get_absolute_url(self) -> str:
+        """The run's page, read-only, for whoever holds the token."""
+        return reverse("share", kwargs={"token": self.token})
+
     @classmethod
     def create(cls, run: Run, user: object) -> ShareLink:
         return cls.objects.create(run=run, token=secrets.token_urlsafe(24), created_by=user)
-
-    @classmethod
-    def revoke(cls, run: Run, link_id: int) -> bool:
-        """Revoke the run's link ``link_id`` (False: the run has no such link). Sockets already
-        open with it close once the revocation commits, not only new connections."""
-        link = cls.objects.filter(pk=link_id, run=run).first()
-        if link is None:
-            return False
-        if cls.objects.filter(pk=link.pk, revoked_at=None).update(revoked_at=timezone.now()):
-            recheck_access_on_commit(share_group(link.pk), "the share link was revoked")
-        return True
 
     @classmethod
     def run_for_token(cls, token: str) -> Run | None:

@@ -4,7 +4,7 @@ The database, not the broker, is the truth of what is queued. A Redis broker res
 persistence forgets every message it held, so a ``queued`` run would wait forever with nothing
 left to deliver it. The reconciler compares the two: a queued run with no message of its own in
 the broker (neither waiting in its queue nor delivered to a worker that has not acknowledged it)
-is an orphan, and is sent again with ``launch.queue_run``, oldest first.
+is an orphan, and is sent again with ``queueing.queue_run``, oldest first.
 
 How a message is found (the broker's own layout, read from kombu's transports):
 
@@ -56,6 +56,7 @@ from django.utils import timezone
 from jobs.app import SUPERVISE_TASK, broker_folder, broker_settings
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import Run
+from webapp.runs.queueing import queue_run
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +259,6 @@ def _orphans(
 
 
 def _resend(runs: list[Run], why: str) -> list[int]:
-    from webapp.runs.launch import queue_run
-
     sent = []
     for run in runs:  # oldest first: each goes to the back of its queue, so they keep their order
         queue_run(run)

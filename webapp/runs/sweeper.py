@@ -32,6 +32,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from jobs.protocol import PING_INTERVAL_S
+from webapp.live import announce
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import InvalidTransition, Run
 
@@ -90,6 +91,7 @@ def sweep_lost_runs(now: datetime | None = None, lost_after: float | None = None
             run.mark_lost(message)
         except InvalidTransition:  # it finished, or another sweeper got it first
             continue
+        announce.status_changed(run.pk)
         log.warning("run %s lost: %s", run.pk, message)
         lost.append(run.pk)
     return lost

@@ -18,8 +18,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.core import signing
 from django.db import transaction
+from django.db.models import F
 
-from jobs.protocol import CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN
+from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN
+from webapp.runs.models import Run
 
 _SALT = "tributary.ingest"
 
@@ -35,8 +37,6 @@ class TokenRejected(Exception):
 def ingest_token(run_id: int, attempt: int | None = None) -> str:
     """A token for ``run_id``'s ``attempt`` (default: the run's current attempt, 0 if none)."""
     if attempt is None:
-        from webapp.runs.models import Run
-
         attempt = Run.objects.filter(pk=run_id).values_list("attempt", flat=True).first() or 0
     return signing.TimestampSigner(salt=_SALT).sign_object({"run": int(run_id), "attempt": int(attempt)})
 
@@ -44,10 +44,6 @@ def ingest_token(run_id: int, attempt: int | None = None) -> str:
 def start_attempt(run_id: int) -> str:
     """Begin a new attempt of the run (queued again: every older token stops working) and
     return the token for it. The increment is one UPDATE, so two callers get two attempts."""
-    from django.db.models import F
-
-    from webapp.runs.models import Run
-
     with transaction.atomic():
         Run.objects.filter(pk=run_id).update(attempt=F("attempt") + 1)
         attempt = Run.objects.filter(pk=run_id).values_list("attempt", flat=True).get()

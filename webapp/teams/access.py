@@ -7,13 +7,17 @@ an object but lacks the role for an action gets ``Forbidden`` (403) naming the r
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from django.db import models
 from django.db.models import QuerySet
 
 from webapp.runs.models import Run
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Project, Team
+
+T = TypeVar("T", bound=models.Model)
 
 
 class NotFound(Exception):
@@ -46,25 +50,28 @@ def memberships_of(user: Any) -> QuerySet[Membership]:
     return Membership.objects.filter(user=user).select_related("team").order_by("team__name")
 
 
+def _object_for(
+    user: Any, objects: QuerySet[T], pk: int, role: Role | str, what: str, team_id: Callable[[T], int]
+) -> T:
+    """The ``what`` with primary key ``pk`` from ``objects``, if ``user`` holds ``role`` in its team
+    (``team_id`` of it): a missing one and one of a team the user has no role in raise the same
+    NotFound, a lower role Forbidden."""
+    obj = objects.filter(pk=pk).first()
+    if obj is None:
+        raise NotFound(f"{what} {pk} not found")
+    _require(user, team_id(obj), role, f"{what} {pk}")
+    return obj
+
+
 def team_for(user: Any, team_id: int, role: Role | str = Role.VIEWER) -> Team:
-    team = Team.objects.filter(pk=team_id).first()
-    if team is None:
-        raise NotFound(f"team {team_id} not found")
-    _require(user, team.pk, role, f"team {team_id}")
-    return team
+    return _object_for(user, Team.objects.all(), team_id, role, "team", lambda team: team.pk)
 
 
 def project_for(user: Any, project_id: int, role: Role | str = Role.VIEWER) -> Project:
-    project = Project.objects.select_related("team").filter(pk=project_id).first()
-    if project is None:
-        raise NotFound(f"project {project_id} not found")
-    _require(user, project.team_id, role, f"project {project_id}")
-    return project
+    projects = Project.objects.select_related("team")
+    return _object_for(user, projects, project_id, role, "project", lambda project: project.team_id)
 
 
 def run_for(user: Any, run_id: int, role: Role | str = Role.VIEWER) -> Run:
-    run = Run.objects.select_related("project__team").filter(pk=run_id).first()
-    if run is None:
-        raise NotFound(f"run {run_id} not found")
-    _require(user, run.project.team_id, role, f"run {run_id}")
-    return run
+    runs = Run.objects.select_related("project__team")
+    return _object_for(user, runs, run_id, role, "run", lambda run: run.project.team_id)

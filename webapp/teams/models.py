@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.urls import reverse
 
 from webapp.teams.choices import Role
 
@@ -24,6 +25,9 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("team", kwargs={"team_id": self.pk})
 
     def role_of(self, user: object) -> Role | None:
         """The user's role in this team, or None for an outsider (and for anonymous users)."""
@@ -64,3 +68,6 @@ class Project(models.Model):
 
     def __str__(self) -> str:
         return f"{self.team.slug}/{self.slug}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("project", kwargs={"project_id": self.pk})

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils.text import slugify
 
-from webapp.live.groups import recheck_access_on_commit, user_group
+from webapp.live import announce
+from webapp.live.groups import user_group
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Team
 
@@ -29,4 +30,4 @@ def remove_member(membership: Membership) -> None:
     runs table of the team) close once the removal commits, not only new connections."""
     user_id = membership.user_id
     membership.delete()
-    recheck_access_on_commit(user_group(user_id), "you were removed from the team")
+    announce.access_changed(user_group(user_id), "you were removed from the team")

@@ -8,7 +8,7 @@ from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from ninja import Router, Status
 
-from webapp.api import queries
+from webapp.api import serializers
 from webapp.api.models import ApiToken
 from webapp.api.routers import AUTHED, READ, WRITE, Id
 from webapp.api.schemas import MeOut, TokenCreatedOut, TokenIn, TokenOut
@@ -37,7 +37,7 @@ def me(request: HttpRequest) -> dict[str, Any]:
         "email": user.email,
         "first_name": user.first_name,
         "last_name": user.last_name,
-        "teams": queries.teams_out(user),
+        "teams": serializers.teams_out(user),
     }
 
 

@@ -6,12 +6,13 @@ from typing import Any, Literal
 
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Query, Router
+from ninja import Field, Query, Router, Schema
 
-from webapp.api import queries
+from webapp.api import serializers
 from webapp.api.routers import READ, Id
 from webapp.api.schemas import MetricNameOut, SamplePage, SampleStepOut, SeriesSetOut
 from webapp.inputs import BIGINT_MAX, INT_MAX
+from webapp.runs import selectors
 from webapp.runs.models import Run
 from webapp.teams.access import run_for
 from webapp.teams.choices import Role
@@ -20,26 +21,50 @@ router = Router(tags=["metrics and samples"])
 
 SampleSort = Literal["step", "-step", "reward", "-reward", "length", "-length"]
 
-# Query parameters shared with the read-only share API (webapp.api.routers.shares).
-NAMES = Query(None, description="Metric names, comma-separated or repeated; default: all.")
-EXCLUDE = Query(
-    None,
-    description="Metric names to leave out, as for names (a page that already holds some asks for the rest).",
-)
-MAX_POINTS = Query(
-    1000, ge=10, le=20_000, description="Downsample a longer series to about this many points."
-)
-AFTER_STEP = Query(None, ge=-1, le=INT_MAX, description="Only points after this step (live updates).")
-X_AXIS = Query("step", description="Bucket along steps or wall-clock time when downsampling.")
-STEP = Query(None, description="A step number, or 'latest' for the last step that has samples.")
-SEARCH = Query("", max_length=500, description="Text in the prompt or the completion (case-insensitive).")
-SAMPLE_SORT = Query("step", description="Order: reward, length or step; '-' for descending.")
-LIMIT = Query(50, ge=1, le=500)
-OFFSET = Query(0, ge=0, le=BIGINT_MAX)
-CSV_FORMAT = Query("wide", description="wide: step + one column per metric; long: step,name,value,time.")
 CSV_DOC = {
     "responses": {200: {"description": "CSV", "content": {"text/csv": {"schema": {"type": "string"}}}}}
 }
+
+
+# The query parameters of each read, declared once for the team API (``/runs/{id}/...``) and the
+# read-only share API (``/shared/{token}/...``, webapp.api.routers.shares); ninja lists their
+# fields as separate query parameters, and a bad one is a 422 naming it (``["query", name]``).
+class SeriesQuery(Schema):
+    names: list[str] | None = Field(
+        None, description="Metric names, comma-separated or repeated; default: all."
+    )
+    exclude: list[str] | None = Field(
+        None,
+        description="Metric names to leave out, as for names (a page that already holds some asks for the rest).",
+    )
+    max_points: int = Field(
+        1000, ge=10, le=20_000, description="Downsample a longer series to about this many points."
+    )
+    after_step: int | None = Field(
+        None, ge=-1, le=INT_MAX, description="Only points after this step (live updates)."
+    )
+    x: Literal["step", "time"] = Field(
+        "step", description="Bucket along steps or wall-clock time when downsampling."
+    )
+
+
+class CsvQuery(Schema):
+    format: Literal["wide", "long"] = Field(
+        "wide", description="wide: step + one column per metric; long: step,name,value,time."
+    )
+    names: list[str] | None = Field(
+        None, description="Metric names, comma-separated or repeated; default: all."
+    )
+
+
+class SampleQuery(Schema):
+    step: str | None = Field(
+        None, description="A step number, or 'latest' for the last step that has samples."
+    )
+    q: str = Field("", max_length=500, description="Text in the prompt or the completion (case-insensitive).")
+    sort: SampleSort = Field("step", description="Order: reward, length or step; '-' for descending.")
+    limit: int = Field(50, ge=1, le=500)
+    offset: int = Field(0, ge=0, le=BIGINT_MAX)
 
 
 def is_asgi(request: HttpRequest) -> bool:
@@ -47,27 +72,32 @@ def is_asgi(request: HttpRequest) -> bool:
     return isinstance(request, ASGIRequest)
 
 
-def series_response(
-    run: Run,
-    names: list[str] | None,
-    exclude: list[str] | None,
-    max_points: int,
-    after_step: int | None,
-    x: str,
-) -> Any:
+def series_response(run: Run, params: SeriesQuery) -> dict[str, Any]:
     return {
         "run_id": run.pk,
-        "x": x,
-        "max_points": max_points,
-        "series": queries.metric_series(
+        "x": params.x,
+        "max_points": params.max_points,
+        "series": selectors.metric_series(
             run,
-            queries.split_names(names),
-            exclude=queries.split_names(exclude),
-            max_points=max_points,
-            after_step=after_step,
-            x=x,
+            serializers.split_names(params.names),
+            exclude=serializers.split_names(params.exclude),
+            max_points=params.max_points,
+            after_step=params.after_step,
+            x=params.x,
         ),
     }
+
+
+def csv_response(request: HttpRequest, run: Run, params: CsvQuery) -> StreamingHttpResponse:
+    return serializers.metrics_csv(
+        run, serializers.split_names(params.names), params.format, asynchronous=is_asgi(request)
+    )
+
+
+def samples_response(run: Run, params: SampleQuery) -> dict[str, Any]:
+    return serializers.sample_page(
+        run, step=params.step, q=params.q.strip(), sort=params.sort, limit=params.limit, offset=params.offset
+    )
 
 
 @router.get(
@@ -75,58 +105,34 @@ def series_response(
 )
 def list_metrics(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
     """Each metric with its number of points, step range and last value."""
-    return queries.metric_names(run_for(request.auth, run_id, Role.VIEWER))
+    return selectors.metric_names(run_for(request.auth, run_id, Role.VIEWER))
 
 
 @router.get("/runs/{run_id}/metrics/series", response={200: SeriesSetOut, **READ}, summary="Metric series")
-def metric_series(
-    request: HttpRequest,
-    run_id: Id,
-    names: list[str] | None = NAMES,
-    exclude: list[str] | None = EXCLUDE,
-    max_points: int = MAX_POINTS,
-    after_step: int | None = AFTER_STEP,
-    x: Literal["step", "time"] = X_AXIS,
-) -> Any:
+def metric_series(request: HttpRequest, run_id: Id, params: Query[SeriesQuery]) -> dict[str, Any]:
     """Per metric: ``step[]``, ``value[]`` and ``time[]`` (Unix seconds).
 
     A series longer than ``max_points`` is downsampled in the database: the first and last
     points are kept as they are and the points between go into equal-width buckets along
     ``x``, each reported by its first step and time, its mean value, and ``min[]``/``max[]``
     for a band (``downsampled: true``)."""
-    run = run_for(request.auth, run_id, Role.VIEWER)
-    return series_response(run, names, exclude, max_points, after_step, x)
+    return series_response(run_for(request.auth, run_id, Role.VIEWER), params)
 
 
 @router.get(
     "/runs/{run_id}/metrics.csv", response=READ, summary="Export metrics as CSV", openapi_extra=CSV_DOC
 )
-def metrics_csv(
-    request: HttpRequest,
-    run_id: Id,
-    format: Literal["wide", "long"] = CSV_FORMAT,
-    names: list[str] | None = NAMES,
-) -> StreamingHttpResponse:
+def metrics_csv(request: HttpRequest, run_id: Id, params: Query[CsvQuery]) -> StreamingHttpResponse:
     """Streamed from the database; values read back as exactly the stored numbers."""
-    run = run_for(request.auth, run_id, Role.VIEWER)
-    return queries.metrics_csv(run, queries.split_names(names), format, asynchronous=is_asgi(request))
+    return csv_response(request, run_for(request.auth, run_id, Role.VIEWER), params)
 
 
 @router.get(
     "/runs/{run_id}/samples", response={200: SamplePage, **READ}, summary="A run's samples (rollouts)"
 )
-def list_samples(
-    request: HttpRequest,
-    run_id: Id,
-    step: str | None = STEP,
-    q: str = SEARCH,
-    sort: SampleSort = SAMPLE_SORT,
-    limit: int = LIMIT,
-    offset: int = OFFSET,
-) -> dict[str, Any]:
+def list_samples(request: HttpRequest, run_id: Id, params: Query[SampleQuery]) -> dict[str, Any]:
     """Paged; filter by step (or ``latest``) and text, sort by reward, length or step."""
-    run = run_for(request.auth, run_id, Role.VIEWER)
-    return queries.sample_page(run, step=step, q=q.strip(), sort=sort, limit=limit, offset=offset)
+    return samples_response(run_for(request.auth, run_id, Role.VIEWER), params)
 
 
 @router.get(
@@ -136,4 +142,4 @@ def list_samples(
 )
 def list_sample_steps(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
     """Each step with samples and how many, in step order (for a step slider)."""
-    return queries.sample_steps(run_for(request.auth, run_id, Role.VIEWER))
+    return selectors.sample_steps(run_for(request.auth, run_id, Role.VIEWER))

@@ -11,7 +11,7 @@ from django.utils.text import slugify
 from ninja import Query, Router, Status
 from ninja.errors import ValidationError
 
-from webapp.api import queries
+from webapp.api import serializers
 from webapp.api.routers import AUTHED, READ, WRITE, Id
 from webapp.api.schemas import (
     ProjectIn,
@@ -23,9 +23,10 @@ from webapp.api.schemas import (
     TeamOut,
 )
 from webapp.inputs import BIGINT_MAX, parse_id
+from webapp.runs import selectors
 from webapp.runs.choices import RunStatus
-from webapp.runs.launch import create_run
 from webapp.runs.models import Run
+from webapp.runs.services import create_run
 from webapp.teams.access import project_for, role_in, team_for
 from webapp.teams.choices import Role
 from webapp.teams.models import Project
@@ -47,7 +48,7 @@ RunSort = Literal[
 
 @router.get("/teams", response={200: list[TeamOut], **AUTHED}, summary="The caller's teams")
 def list_teams(request: HttpRequest) -> list[dict[str, Any]]:
-    return queries.teams_out(request.auth)
+    return serializers.teams_out(request.auth)
 
 
 @router.get("/teams/{team_id}", response={200: TeamDetailOut, **READ}, summary="A team and its members")
@@ -75,8 +76,8 @@ def list_projects(request: HttpRequest, team_id: Id) -> list[dict[str, Any]]:
     team = team_for(request.auth, team_id, Role.VIEWER)
     role = role_in(request.auth, team.pk)
     projects = list(team.projects.select_related("team"))
-    counts = queries.run_counts([p.pk for p in projects])
-    return [queries.project_out(p, role, counts) for p in projects]
+    counts = selectors.run_counts([p.pk for p in projects])
+    return [serializers.project_out(p, role, counts) for p in projects]
 
 
 @router.post(
@@ -110,13 +111,13 @@ def create_project(request: HttpRequest, team_id: Id, payload: ProjectIn) -> Sta
                 }
             ]
         ) from None
-    return Status(201, queries.project_out(project, role_in(request.auth, team.pk)))
+    return Status(201, serializers.project_out(project, role_in(request.auth, team.pk)))
 
 
 @router.get("/projects/{project_id}", response={200: ProjectOut, **READ}, summary="A project (viewer)")
 def get_project(request: HttpRequest, project_id: Id) -> dict[str, Any]:
     project = project_for(request.auth, project_id, Role.VIEWER)
-    return queries.project_out(project, role_in(request.auth, project.team_id))
+    return serializers.project_out(project, role_in(request.auth, project.team_id))
 
 
 @router.get(
@@ -137,7 +138,7 @@ def list_runs(
     creator: Any | None = None
     if created_by:
         creator = _user_named(request, created_by)
-    qs = queries.filter_runs(
+    qs = selectors.filter_runs(
         Run.objects.filter(project=project).select_related("created_by"),
         statuses=[str(s) for s in status],
         tags=[t for t in tag if t],
@@ -145,12 +146,12 @@ def list_runs(
         created_by=creator,
     )
     total = qs.count()
-    items = qs.order_by(*queries.RUN_SORTS[sort])[offset : offset + limit]
+    items = qs.order_by(*selectors.RUN_SORTS[sort])[offset : offset + limit]
     return {
         "total": total,
         "limit": limit,
         "offset": offset,
-        "items": [queries.run_list_item(r) for r in items],
+        "items": [serializers.run_list_item(r) for r in items],
     }
 
 
@@ -181,4 +182,4 @@ def launch_run(request: HttpRequest, project_id: Id, payload: RunCreateIn) -> St
         tags=payload.tags,
         notes=payload.notes,
     )
-    return Status(201, queries.run_out(run, role_in(request.auth, project.team_id)))
+    return Status(201, serializers.run_out(run, role_in(request.auth, project.team_id)))

@@ -8,13 +8,13 @@ from django.http import HttpRequest
 from ninja import Query, Router, Status
 from ninja.errors import ValidationError
 
-from webapp.api import queries
+from webapp.api import serializers
 from webapp.api.routers import READ, WRITE, Id
 from webapp.api.schemas import CheckpointOut, ErrorOut, ForkIn, LogPage, ResumeIn, RunOut, RunPatchIn
 from webapp.inputs import BIGINT_MAX
 from webapp.runs.choices import LogLevel
-from webapp.runs.launch import RunConfigInvalid, fork_run, request_cancel, resume_run
 from webapp.runs.models import Checkpoint, Run
+from webapp.runs.services import RunConfigInvalid, fork_run, request_cancel, resume_run
 from webapp.teams.access import role_in, run_for
 from webapp.teams.choices import Role
 
@@ -28,7 +28,7 @@ LOG_LIMIT = Query(500, ge=1, le=5000)
 
 
 def _out(request: HttpRequest, run: Run) -> dict[str, Any]:
-    return queries.run_out(run, role_in(request.auth, run.project.team_id))
+    return serializers.run_out(run, role_in(request.auth, run.project.team_id))
 
 
 @router.get("/runs/{run_id}", response={200: RunOut, **READ}, summary="A run (viewer)")
@@ -117,7 +117,7 @@ def fork_with_changes(request: HttpRequest, run_id: Id, payload: ForkIn) -> Stat
 )
 def list_checkpoints(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
     run = run_for(request.auth, run_id, Role.VIEWER)
-    return [queries.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
+    return [serializers.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
 
 
 @router.get("/runs/{run_id}/logs", response={200: LogPage, **READ}, summary="A run's log lines")
@@ -129,4 +129,4 @@ def list_logs(
     limit: int = LOG_LIMIT,
 ) -> dict[str, Any]:
     run = run_for(request.auth, run_id, Role.VIEWER)
-    return queries.log_page(run, after_seq, level, limit)
+    return serializers.log_page(run, after_seq, level, limit)

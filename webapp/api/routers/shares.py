@@ -6,28 +6,20 @@ login: the run, its metrics and its samples, nothing else; a revoked token is a 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Router, Status
+from ninja import Query, Router, Status
 
-from webapp.api import queries
+from webapp.api import serializers
 from webapp.api.routers import BAD, WRITE, Id
 from webapp.api.routers.data import (
-    AFTER_STEP,
     CSV_DOC,
-    CSV_FORMAT,
-    EXCLUDE,
-    LIMIT,
-    MAX_POINTS,
-    NAMES,
-    OFFSET,
-    SAMPLE_SORT,
-    SEARCH,
-    STEP,
-    X_AXIS,
-    SampleSort,
-    is_asgi,
+    CsvQuery,
+    SampleQuery,
+    SeriesQuery,
+    csv_response,
+    samples_response,
     series_response,
 )
 from webapp.api.schemas import (
@@ -40,7 +32,9 @@ from webapp.api.schemas import (
     ShareOut,
     ValidationErrorOut,
 )
+from webapp.runs import selectors
 from webapp.runs.models import Run, ShareLink
+from webapp.runs.sharing import revoke_share_link
 from webapp.teams.access import NotFound, run_for
 from webapp.teams.choices import Role
 
@@ -57,7 +51,7 @@ PUBLIC: dict[int, Any] = {**BAD, 404: ErrorOut, 422: ValidationErrorOut}
 def list_shares(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
     """Active and revoked links, newest first (member: a token is as good as a read-only login)."""
     run = run_for(request.auth, run_id, Role.MEMBER)
-    return [queries.share_out(s) for s in run.share_links.select_related("created_by")]
+    return [serializers.share_out(s) for s in selectors.share_links(run)]
 
 
 @router.post(
@@ -65,7 +59,7 @@ def list_shares(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
 )
 def create_share(request: HttpRequest, run_id: Id) -> Status[dict[str, Any]]:
     run = run_for(request.auth, run_id, Role.MEMBER)
-    return Status(201, queries.share_out(ShareLink.create(run, request.auth)))
+    return Status(201, serializers.share_out(ShareLink.create(run, request.auth)))
 
 
 @router.delete(
@@ -74,7 +68,7 @@ def create_share(request: HttpRequest, run_id: Id) -> Status[dict[str, Any]]:
 def revoke_share(request: HttpRequest, run_id: Id, share_id: Id) -> Status[None]:
     """The link stops working at once; it stays listed as revoked."""
     run = run_for(request.auth, run_id, Role.MEMBER)
-    if not ShareLink.revoke(run, share_id):  # open sockets of the link close too
+    if not revoke_share_link(run, share_id):  # open sockets of the link close too
         raise NotFound(f"run {run.pk} has no share link {share_id}")
     return Status(204, None)
 
@@ -89,58 +83,35 @@ def _shared(token: str) -> Run:
 @public_router.get("/shared/{token}", response={200: RunOut, **PUBLIC}, summary="A shared run")
 def shared_run(request: HttpRequest, token: str) -> dict[str, Any]:
     """The run a share link opens, read-only (the same fields as GET /api/runs/{id})."""
-    return queries.run_out(_shared(token), None)
+    return serializers.run_out(_shared(token), None)
 
 
 @public_router.get(
     "/shared/{token}/metrics", response={200: list[MetricNameOut], **PUBLIC}, summary="Shared: metric names"
 )
 def shared_metrics(request: HttpRequest, token: str) -> list[dict[str, Any]]:
-    return queries.metric_names(_shared(token))
+    return selectors.metric_names(_shared(token))
 
 
 @public_router.get(
     "/shared/{token}/metrics/series", response={200: SeriesSetOut, **PUBLIC}, summary="Shared: metric series"
 )
-def shared_series(
-    request: HttpRequest,
-    token: str,
-    names: list[str] | None = NAMES,
-    exclude: list[str] | None = EXCLUDE,
-    max_points: int = MAX_POINTS,
-    after_step: int | None = AFTER_STEP,
-    x: Literal["step", "time"] = X_AXIS,
-) -> Any:
+def shared_series(request: HttpRequest, token: str, params: Query[SeriesQuery]) -> dict[str, Any]:
     """As GET /api/runs/{id}/metrics/series."""
-    return series_response(_shared(token), names, exclude, max_points, after_step, x)
+    return series_response(_shared(token), params)
 
 
 @public_router.get(
     "/shared/{token}/metrics.csv", response=PUBLIC, summary="Shared: metrics as CSV", openapi_extra=CSV_DOC
 )
-def shared_csv(
-    request: HttpRequest,
-    token: str,
-    format: Literal["wide", "long"] = CSV_FORMAT,
-    names: list[str] | None = NAMES,
-) -> StreamingHttpResponse:
-    return queries.metrics_csv(
-        _shared(token), queries.split_names(names), format, asynchronous=is_asgi(request)
-    )
+def shared_csv(request: HttpRequest, token: str, params: Query[CsvQuery]) -> StreamingHttpResponse:
+    return csv_response(request, _shared(token), params)
 
 
 @public_router.get("/shared/{token}/samples", response={200: SamplePage, **PUBLIC}, summary="Shared: samples")
-def shared_samples(
-    request: HttpRequest,
-    token: str,
-    step: str | None = STEP,
-    q: str = SEARCH,
-    sort: SampleSort = SAMPLE_SORT,
-    limit: int = LIMIT,
-    offset: int = OFFSET,
-) -> dict[str, Any]:
+def shared_samples(request: HttpRequest, token: str, params: Query[SampleQuery]) -> dict[str, Any]:
     """As GET /api/runs/{id}/samples."""
-    return queries.sample_page(_shared(token), step=step, q=q.strip(), sort=sort, limit=limit, offset=offset)
+    return samples_response(_shared(token), params)
 
 
 @public_router.get(
@@ -149,4 +120,4 @@ def shared_samples(
     summary="Shared: sample steps",
 )
 def shared_sample_steps(request: HttpRequest, token: str) -> list[dict[str, Any]]:
-    return queries.sample_steps(_shared(token))
+    return selectors.sample_steps(_shared(token))

@@ -7,7 +7,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router
 
-from webapp.api import queries
+from webapp.api import serializers
 from webapp.api.routers import AUTHED
 from webapp.api.schemas import WorkerOut
 
@@ -19,4 +19,4 @@ def list_workers(request: HttpRequest) -> list[dict[str, Any]]:
     """Each worker heard from in the last ``jobs.registry.TTL_S`` seconds: queues, CPUs, memory,
     GPUs (model, memory, lent to a run or free), installed backends, and the runs it holds (by
     count; by name only those of the caller's teams)."""
-    return queries.workers_out(request.auth)
+    return serializers.workers_out(request.auth)

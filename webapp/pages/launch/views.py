@@ -22,17 +22,17 @@ from django.views.decorators.http import require_http_methods, require_POST
 from engine.config import PRESETS, ConfigError, deep_merge, json_schema, load_yaml, resolve_preset
 from webapp.inputs import parse_id
 from webapp.pages.launch import schema_form
-from webapp.runs import routing
+from webapp.runs import placement
 from webapp.runs.choices import ParentKind
-from webapp.runs.launch import (
+from webapp.runs.models import Run
+from webapp.runs.placement import AUTO
+from webapp.runs.queueing import reward_policy_for
+from webapp.runs.services import (
     QUEUE_CHARS,
     RunConfigInvalid,
     create_run,
-    reward_policy_for,
     validate_run_config,
 )
-from webapp.runs.models import Run
-from webapp.runs.routing import AUTO
 from webapp.teams import access
 from webapp.teams.choices import Role
 from webapp.teams.models import Project
@@ -240,7 +240,7 @@ def _page(
         "launch": launch,
         "presets": [{"name": n, "label": PRESET_LABELS.get(n, n)} for n in PRESETS],
         # The queues online workers serve, offered beside "auto" (any name may be typed).
-        "queues": sorted({q for w in routing.live_workers() for q in w.capabilities.queues}),
+        "queues": sorted({q for w in placement.live_workers() for q in w.capabilities.queues}),
         **extra,
     }
     return render(request, "pages/launch/new.html", context, status=status)
@@ -295,7 +295,7 @@ def _launch(request: HttpRequest, project: Project, editor: _Editor, launch: dic
                 else:
                     editor.problems.append((path, message))
         else:
-            return redirect(f"/runs/{run.pk}/")
+            return redirect(run)
     return _page(request, project, editor, launch, status=422, launch_errors=launch_errors)
 
 

@@ -13,13 +13,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from webapp.api.queries import sample_steps
 from webapp.inputs import INT_MAX, parse_id
+from webapp.runs import selectors
 from webapp.runs.models import Run, Sample, ShareLink
 from webapp.teams import access
 
@@ -156,7 +156,7 @@ def _int(value: str | None, default: int) -> int:
 
 
 def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> HttpResponse:
-    steps = [s["step"] for s in sample_steps(run)]
+    steps = [s["step"] for s in selectors.sample_steps(run)]
     q = request.GET.get("q", "").strip()[:200]
     sort = request.GET.get("sort", "")
     if sort not in SORTS:
@@ -172,9 +172,7 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
         "sorts": SORTS.items(),
         "follow": None,
     }
-    base = Sample.objects.filter(run=run)
-    if q:
-        base = base.filter(Q(prompt__icontains=q) | Q(completion__icontains=q))
+    base = selectors.samples(run, q=q)
 
     follow = request.GET.get("follow")
     if follow:
@@ -265,7 +263,7 @@ def run_rollouts(request: HttpRequest, run_id: int) -> HttpResponse:
         run = access.run_for(request.user, run_id)
     except access.NotFound:
         raise Http404("run not found") from None
-    return _browse(request, run, f"/runs/{run.pk}/rollouts/", shared=False)
+    return _browse(request, run, reverse("run-rollouts", kwargs={"run_id": run.pk}), shared=False)
 
 
 @require_GET
@@ -273,4 +271,4 @@ def shared_rollouts(request: HttpRequest, token: str) -> HttpResponse:
     run = ShareLink.run_for_token(token)
     if run is None:
         raise Http404("this link does not exist or was revoked")
-    return _browse(request, run, f"/share/{token}/rollouts/", shared=True)
+    return _browse(request, run, reverse("shared-rollouts", kwargs={"token": token}), shared=True)

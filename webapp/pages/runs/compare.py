@@ -7,8 +7,7 @@ from typing import Any
 
 from django.db.models import Max, Min
 
-from webapp.api import queries
-from webapp.inputs import parse_id
+from webapp.runs import selectors
 from webapp.runs.models import MetricPoint, Run
 
 MAX_RUNS = 12
@@ -23,23 +22,6 @@ KEY_METRICS: list[tuple[str, str | None]] = [
     ("response_length/mean", None),
     ("actor/grad_norm", None),
 ]
-
-
-def parse_ids(raw: str) -> tuple[list[int], int]:
-    """``"1,2,x,2"`` -> ([1, 2], 1): distinct ids in order, and how many parts were not ids."""
-    ids: list[int] = []
-    bad = 0
-    for part in raw.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        value = parse_id(part)
-        if value is None:
-            bad += 1
-            continue
-        if value not in ids:
-            ids.append(value)
-    return ids, bad
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -86,7 +68,7 @@ def summary(runs: list[Run]) -> list[dict[str, Any]]:
     """Per key metric that any run logged: per run the final value and the best one."""
     if not runs:
         return []
-    finals = {r.pk: {m["name"]: m["last_value"] for m in queries.metric_names(r)} for r in runs}
+    finals = {r.pk: {m["name"]: m["last_value"] for m in selectors.metric_names(r)} for r in runs}
     names = [n for n, _ in KEY_METRICS]
     extremes = {
         (row["run_id"], row["name"]): row

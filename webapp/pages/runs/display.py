@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from django.urls import reverse
 
+from webapp.live.routing import run_socket_path
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import LogLine, Run
 
@@ -24,6 +26,13 @@ def log_tail(run: Run, limit: int = LOG_TAIL) -> list[LogLine]:
     return rows
 
 
+def api_base(run_id: int, token: str = "") -> str:
+    """Where the page's scripts read the run from: the team API, or the share API for a link."""
+    if token:
+        return reverse("api:shared_run", kwargs={"token": token})
+    return reverse("api:get_run", kwargs={"run_id": run_id})
+
+
 def _ts(value: Any) -> float | None:
     return value.timestamp() if value else None
 
@@ -35,7 +44,6 @@ def page_data(detail: dict[str, Any], metric_names: list[str], token: str = "") 
     draw it before the rest arrives (a long run's full history takes a while to downsample).
     """
     run_id = detail["id"]
-    socket = f"/ws/runs/{run_id}/"
     return {
         "run": {
             "id": run_id,
@@ -51,9 +59,8 @@ def page_data(detail: dict[str, Any], metric_names: list[str], token: str = "") 
             "worker_host": detail["worker_host"],
         },
         "metric_names": metric_names,
-        "api": f"/api/shared/{token}" if token else f"/api/runs/{run_id}",
-        "socket": socket,
+        "api": api_base(run_id, token),
+        "socket": run_socket_path(run_id),
         "share": token,
         "badges": {s.value: s.badge for s in RunStatus},
-        "final_statuses": [s.value for s in RunStatus if s.is_final],
     }

@@ -1,27 +1,34 @@
 """The run page, its actions, the share page and the compare page.
 
-Reads go through ``webapp.api.queries`` (the JSON API's own reads) and who-may-do-what through
-``webapp.teams.access``; the actions call ``webapp.runs.launch``. Charts load their data from
+Reads go through ``webapp.runs.selectors`` (the reads the JSON API makes too), the run itself in
+the API's shape (``webapp.api.serializers``, which the page's scripts read), and who-may-do-what
+through ``webapp.teams.access``; the actions call ``webapp.runs.services``. Charts load their data from
 the JSON API and the run socket (``run.js``), so the pages render only the frame around them.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from webapp.api import queries
+from webapp.api import serializers
 from webapp.api.schemas import clean_tags
-from webapp.inputs import parse_id
+from webapp.inputs import parse_id, parse_ids
+from webapp.live.routing import run_socket_path
 from webapp.pages.runs import compare as compare_helpers
-from webapp.pages.runs.display import config_yaml, log_tail, page_data
-from webapp.runs.launch import CannotResume, RunConfigInvalid, request_cancel, resume_run
+from webapp.pages.runs.display import api_base, config_yaml, log_tail, page_data
+from webapp.runs import selectors
 from webapp.runs.models import Checkpoint, InvalidTransition, Run, ShareLink
+from webapp.runs.services import CannotResume, RunConfigInvalid, request_cancel, resume_run
+from webapp.runs.sharing import revoke_share_link
 from webapp.teams.access import Forbidden, NotFound, role_in, run_for
 from webapp.teams.choices import Role
 
@@ -34,12 +41,21 @@ def _visible(request: HttpRequest, run_id: int, role: Role = Role.VIEWER) -> Run
         raise Http404(str(exc)) from None
 
 
-def _member_run(request: HttpRequest, run_id: int) -> Run | HttpResponse:
-    """The run for an action that needs the member role: 404 for outsiders, 403 for viewers."""
-    try:
-        return _visible(request, run_id, Role.MEMBER)
-    except Forbidden as exc:
-        return HttpResponseForbidden(str(exc))
+def _member_action(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A POST that acts on a run and needs the member role: logged in, 404 for outsiders, 403 for
+    viewers; ``view`` gets the run in place of the URL's ``run_id``."""
+
+    @login_required
+    @require_POST
+    @functools.wraps(view)
+    def action(request: HttpRequest, run_id: int, **kwargs: Any) -> HttpResponse:
+        try:
+            run = _visible(request, run_id, Role.MEMBER)
+        except Forbidden as exc:
+            return HttpResponseForbidden(str(exc))
+        return view(request, run, **kwargs)
+
+    return action
 
 
 def _is_htmx(request: HttpRequest) -> bool:
@@ -59,9 +75,9 @@ def _go(request: HttpRequest, url: str) -> HttpResponse:
 
 
 def _render_run(request: HttpRequest, run: Run, role: Role | None, token: str = "") -> HttpResponse:
-    detail = queries.run_out(run, role)
+    detail = serializers.run_out(run, role)
     shared = bool(token)
-    checkpoints = [queries.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
+    checkpoints = [serializers.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
     context: dict[str, Any] = {
         "run": detail,
         "shared": shared,
@@ -76,8 +92,8 @@ def _render_run(request: HttpRequest, run: Run, role: Role | None, token: str = 
         "shares": [] if shared or not detail["permissions"]["share"] else _shares(run),
         "tags_value": ", ".join(detail["tags"]),
         "notes_value": detail["notes"],
-        "base_path": f"/share/{token}/" if shared else f"/runs/{run.pk}/",
-        "page_data": page_data(detail, queries.metric_name_list(run), token),
+        "base_path": reverse("share", kwargs={"token": token}) if shared else run.get_absolute_url(),
+        "page_data": page_data(detail, selectors.metric_name_list(run), token),
     }
     return render(request, "pages/runs/run.html", context)
 
@@ -121,49 +137,37 @@ def share_config_json(request: HttpRequest, token: str) -> HttpResponse:
 # --- actions (members) -------------------------------------------------------------------
 
 
-@login_required
-@require_POST
-def run_cancel(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _member_run(request, run_id)
-    if isinstance(run, HttpResponse):
-        return run
+@_member_action
+def run_cancel(request: HttpRequest, run: Run) -> HttpResponse:
     try:
         request_cancel(run, f"cancelled by {request.user.get_username()}")
         messages.success(request, "Cancel requested: the worker stops the run and saves a checkpoint.")
     except InvalidTransition:
         messages.error(request, f"This run is already {run.status}: there is nothing to cancel.")
-    return _go(request, f"/runs/{run.pk}/")
+    return _go(request, run.get_absolute_url())
 
 
-@login_required
-@require_POST
-def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _member_run(request, run_id)
-    if isinstance(run, HttpResponse):
-        return run
+@_member_action
+def run_resume(request: HttpRequest, run: Run) -> HttpResponse:
     checkpoint = None
     raw = (request.POST.get("checkpoint") or "").strip()
     if raw and raw != "latest":
         checkpoint = Checkpoint.objects.filter(pk=parse_id(raw) or -1, run=run).first()
         if checkpoint is None:
             messages.error(request, f"Run {run.pk} has no checkpoint {raw}: choose one from the list.")
-            return _go(request, f"/runs/{run.pk}/")
+            return _go(request, run.get_absolute_url())
     try:
         child = resume_run(run, request.user, checkpoint)
     except (CannotResume, RunConfigInvalid) as exc:
         messages.error(request, f"Cannot resume: {exc}")
-        return _go(request, f"/runs/{run.pk}/")
+        return _go(request, run.get_absolute_url())
     messages.success(request, f"Resuming {run.name} as a new run.")
-    return _go(request, f"/runs/{child.pk}/")
+    return _go(request, child.get_absolute_url())
 
 
-@login_required
-@require_POST
-def run_meta(request: HttpRequest, run_id: int) -> HttpResponse:
+@_member_action
+def run_meta(request: HttpRequest, run: Run) -> HttpResponse:
     """Tags and notes (htmx swaps the returned fragment; a plain post is redirected)."""
-    run = _member_run(request, run_id)
-    if isinstance(run, HttpResponse):
-        return run
     error = ""
     tags_text = request.POST.get("tags", "")
     notes = request.POST.get("notes", run.notes)
@@ -179,7 +183,7 @@ def run_meta(request: HttpRequest, run_id: int) -> HttpResponse:
     if not _is_htmx(request):
         if error:
             messages.error(request, error)
-        return redirect(f"/runs/{run.pk}/")
+        return redirect(run)
     context = {
         "run": {"id": run.pk, "tags": run.tags, "notes": run.notes},
         "can_act": True,
@@ -192,7 +196,7 @@ def run_meta(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 def _shares(run: Run) -> list[dict[str, Any]]:
-    return [queries.share_out(s) for s in run.share_links.select_related("created_by")]
+    return [serializers.share_out(s) for s in selectors.share_links(run)]
 
 
 def _shares_fragment(request: HttpRequest, run: Run, status: int = 200) -> HttpResponse:
@@ -201,28 +205,20 @@ def _shares_fragment(request: HttpRequest, run: Run, status: int = 200) -> HttpR
     )
 
 
-@login_required
-@require_POST
-def share_create(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _member_run(request, run_id)
-    if isinstance(run, HttpResponse):
-        return run
+@_member_action
+def share_create(request: HttpRequest, run: Run) -> HttpResponse:
     ShareLink.create(run, request.user)
     if not _is_htmx(request):
-        return redirect(f"/runs/{run.pk}/#shares")
+        return redirect(f"{run.get_absolute_url()}#shares")
     return _shares_fragment(request, run)
 
 
-@login_required
-@require_POST
-def share_revoke(request: HttpRequest, run_id: int, share_id: int) -> HttpResponse:
-    run = _member_run(request, run_id)
-    if isinstance(run, HttpResponse):
-        return run
-    if not ShareLink.revoke(run, share_id):  # open sockets of the link close too
+@_member_action
+def share_revoke(request: HttpRequest, run: Run, share_id: int) -> HttpResponse:
+    if not revoke_share_link(run, share_id):  # open sockets of the link close too
         raise Http404(f"run {run.pk} has no share link {share_id}")
     if not _is_htmx(request):
-        return redirect(f"/runs/{run.pk}/#shares")
+        return redirect(f"{run.get_absolute_url()}#shares")
     return _shares_fragment(request, run)
 
 
@@ -232,7 +228,7 @@ def share_revoke(request: HttpRequest, run_id: int, share_id: int) -> HttpRespon
 @login_required
 @require_GET
 def compare(request: HttpRequest) -> HttpResponse:
-    wanted, bad = compare_helpers.parse_ids(request.GET.get("runs", ""))
+    wanted, bad = parse_ids([request.GET.get("runs", "")])
     too_many = len(wanted) > compare_helpers.MAX_RUNS
     wanted = wanted[: compare_helpers.MAX_RUNS]
     runs: list[Run] = []
@@ -241,8 +237,8 @@ def compare(request: HttpRequest) -> HttpResponse:
             runs.append(run_for(request.user, run_id))
         except (NotFound, Forbidden):
             continue
-    dropped = len(wanted) - len(runs) + bad
-    details = [queries.run_out(r, role_in(request.user, r.project.team_id)) for r in runs]
+    dropped = len(wanted) - len(runs) + len(bad)
+    details = [serializers.run_out(r, role_in(request.user, r.project.team_id)) for r in runs]
     rows = compare_helpers.config_diff([d["config"] for d in details])
     context = {
         "runs": details,
@@ -259,8 +255,8 @@ def compare(request: HttpRequest) -> HttpResponse:
                     "name": d["name"],
                     "status": d["status"],
                     "is_final": d["is_final"],
-                    "api": f"/api/runs/{d['id']}",
-                    "socket": f"/ws/runs/{d['id']}/",
+                    "api": api_base(d["id"]),
+                    "socket": run_socket_path(d["id"]),
                 }
                 for d in details
             ]

@@ -8,12 +8,12 @@ from django import forms
 from django.contrib.auth import get_user_model
 from django.utils.text import slugify
 
-from webapp.api import queries
+from webapp.runs import selectors
 from webapp.runs.choices import RunStatus
 from webapp.teams.choices import Role
 from webapp.teams.models import Project, Team
 
-SORT_CHOICES = [(key, key) for key in queries.RUN_SORTS]
+SORT_CHOICES = [(key, key) for key in selectors.RUN_SORTS]
 DEFAULT_SORT = "-created_at"
 PAGE_SIZE = 50
 

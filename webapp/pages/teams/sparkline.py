@@ -1,6 +1,6 @@
 """Sparklines for the runs table: one downsampled series per run, for a whole page of runs at once.
 
-``webapp.api.queries.metric_series`` downsamples one run's series (a few queries per run).
+``webapp.runs.selectors.metric_series`` downsamples one run's series (a few queries per run).
 The runs table shows up to 50 runs, so here the same idea (buckets of equal step width, the
 mean value of each) is done for all of the page's runs in two queries: the step range of each
 run, then the bucket means, with each run's bucket width chosen by a ``CASE`` on the run id.

@@ -1,14 +1,16 @@
 """The team page (members, roles, projects) and a project's runs table.
 
 Who may see and do what comes from ``webapp.teams.access`` (anything of another team is a 404,
-a missing role a 403); the runs are listed, filtered and sorted by ``webapp.api.queries`` (the
-JSON API's own reads) and cancelled by ``webapp.runs.launch.request_cancel``. Every form works
+a missing role a 403); the runs are listed, filtered and sorted by ``webapp.runs.selectors`` (the
+JSON API's own reads) and cancelled by ``webapp.runs.services.request_cancel``. Every form works
 as a plain GET or POST; htmx swaps the runs table's results in place and posts the bulk cancel.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.contrib import messages
@@ -18,12 +20,12 @@ from django.core.paginator import Paginator
 from django.db import DatabaseError, IntegrityError, transaction
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from webapp.api import queries
-from webapp.inputs import parse_id
+from webapp.inputs import parse_ids
 from webapp.pages.teams import sparkline
 from webapp.pages.teams.forms import (
     DEFAULT_SORT,
@@ -33,9 +35,10 @@ from webapp.pages.teams.forms import (
     RoleForm,
     RunFilterForm,
 )
+from webapp.runs import selectors
 from webapp.runs.choices import ACTIVE_STATUSES, RunStatus
-from webapp.runs.launch import request_cancel
 from webapp.runs.models import InvalidTransition, Run
+from webapp.runs.services import request_cancel
 from webapp.teams import access
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Project, Team
@@ -52,22 +55,25 @@ MAX_BULK = 500
 # --- access ------------------------------------------------------------------------------
 
 
-def _team(request: HttpRequest, team_id: int, role: Role = Role.VIEWER) -> Team:
+@contextmanager
+def _http_errors() -> Iterator[None]:
+    """The access checks' NotFound and Forbidden as Django's 404 and 403 pages."""
     try:
-        return access.team_for(request.user, team_id, role)
+        yield
     except access.NotFound as exc:
         raise Http404(str(exc)) from None
     except access.Forbidden as exc:
         raise PermissionDenied(str(exc)) from None
+
+
+def _team(request: HttpRequest, team_id: int, role: Role = Role.VIEWER) -> Team:
+    with _http_errors():
+        return access.team_for(request.user, team_id, role)
 
 
 def _project(request: HttpRequest, project_id: int, role: Role = Role.VIEWER) -> Project:
-    try:
+    with _http_errors():
         return access.project_for(request.user, project_id, role)
-    except access.NotFound as exc:
-        raise Http404(str(exc)) from None
-    except access.Forbidden as exc:
-        raise PermissionDenied(str(exc)) from None
 
 
 def _is_htmx(request: HttpRequest) -> bool:
@@ -84,7 +90,7 @@ def _team_context(request: HttpRequest, team: Team, **forms: Any) -> dict[str, A
     members = list(team.memberships.select_related("user").order_by("user__username"))
     admins = sum(1 for m in members if m.role == Role.ADMIN)
     projects = list(team.projects.all())
-    counts = queries.run_counts([p.pk for p in projects])
+    counts = selectors.run_counts([p.pk for p in projects])
     active = {s.value for s in ACTIVE_STATUSES}
     return {
         "team": team,
@@ -310,7 +316,7 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
     project = _project(request, project_id)
     role = access.role_in(request.user, project.team_id)
     can_manage = role is not None and role.at_least(Role.MEMBER)
-    base = f"/projects/{project.pk}/"
+    base = project.get_absolute_url()
     form = RunFilterForm(request.GET)
     errors: list[str] = []
     rows: list[dict[str, Any]] = []
@@ -322,13 +328,13 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
         params["tag"] = params["tag"].strip()
         params["q"] = params["q"].strip()
         try:
-            qs = queries.filter_runs(
+            qs = selectors.filter_runs(
                 Run.objects.filter(project=project).select_related("created_by").defer("config", "notes"),
                 statuses=params["status"],
                 tags=[params["tag"]] if params["tag"] else [],
                 q=params["q"],
                 created_by=None,
-            ).order_by(*queries.RUN_SORTS[params["sort"]])
+            ).order_by(*selectors.RUN_SORTS[params["sort"]])
             page_obj = Paginator(qs, PAGE_SIZE).get_page(params["page"])
             runs = list(page_obj.object_list)
             try:
@@ -374,7 +380,7 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
         else "",
         "statuses": [(s.value, s.label, s.value in params["status"]) for s in RunStatus],
         "status_meta": {
-            s.value: {"label": s.label, "badge": s.badge, "active": s in ACTIVE_STATUSES} for s in RunStatus
+            s.value: {"label": s.label, "badge": s.badge} for s in RunStatus
         },
         "clear_url": base + _query({"sort": params["sort"]}),
     }
@@ -385,25 +391,14 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
 
 
 def _selected_ids(request: HttpRequest) -> tuple[list[int], list[str]]:
-    ids: list[int] = []
-    bad: list[str] = []
-    for raw in request.POST.getlist("runs") or request.GET.getlist("runs"):
-        for part in raw.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            value = parse_id(part)
-            if value is None:
-                bad.append(part)
-            elif value not in ids:
-                ids.append(value)
-    return ids, bad
+    """The run ids ticked in the table (a form's ``runs`` fields, or the query's) and the bad parts."""
+    return parse_ids(request.POST.getlist("runs") or request.GET.getlist("runs"))
 
 
 def _back(project: Project, request: HttpRequest) -> str:
     """Back to the table with its filters (only a query string is taken from the form)."""
     query = request.POST.get("return_query", "").lstrip("?")
-    return f"/projects/{project.pk}/" + (f"?{query}" if query and "\n" not in query else "")
+    return project.get_absolute_url() + (f"?{query}" if query and "\n" not in query else "")
 
 
 @login_required
@@ -463,4 +458,4 @@ def runs_compare(request: HttpRequest, project_id: int) -> HttpResponse:
     if not ids:
         messages.error(request, "Select two or more runs to compare.")
         return redirect(_back(project, request))
-    return redirect(f"/compare/?runs={','.join(str(i) for i in ids)}")
+    return redirect(f"{reverse('compare')}?runs={','.join(str(i) for i in ids)}")

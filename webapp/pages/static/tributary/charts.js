@@ -3,592 +3,464 @@
 // double-click reset, cursors synced across charts, min/max bands where the history was
 // downsampled, panels picked and pinned (localStorage). Updates are batched per animation frame.
 // One grid serves a run (one run, colour per metric) and compare (colour per run).
-// Exposes window.TributaryCharts.
-"use strict";
+// The data (merging, thinning, alignment, smoothing) is series.js's; this module is the DOM.
 
-(function () {
-  const PALETTE = ["#2160c4", "#d9480f", "#2b8a3e", "#ae3ec9", "#c92a2a", "#1098ad", "#f08c00", "#5c940d",
-    "#862e9c", "#495057", "#e64980", "#364fc7"];
-  const DASHES = [null, [6, 3], [2, 3], [10, 3, 2, 3], [1, 4]];
-  const MAX_KEEP = 20000; // points kept per series in the browser; older ones are merged in pairs
-  const PIN_KEY = "tributary.charts.pins";
-  const HIDE_KEY = "tributary.charts.hidden";
-  const FRAME_BUDGET_MS = 12; // drawing per animation frame before the rest waits for the next
+import uPlot from "../vendor/uplot/uPlot.esm.js";
+import { formatDuration, formatNumber } from "./format.js";
+import { SeriesStore, chartData } from "./series.js";
 
-  // A y axis as wide as its longest tick label (uPlot calls this with the formatted labels).
-  function axisWidth(u, values) {
-    if (!values) return 48;
-    const longest = values.reduce((n, v) => Math.max(n, String(v).length), 0);
-    return Math.max(40, 14 + longest * 7);
+export const PALETTE = ["#2160c4", "#d9480f", "#2b8a3e", "#ae3ec9", "#c92a2a", "#1098ad", "#f08c00", "#5c940d",
+  "#862e9c", "#495057", "#e64980", "#364fc7"];
+const DASHES = [null, [6, 3], [2, 3], [10, 3, 2, 3], [1, 4]];
+const PIN_KEY = "tributary.charts.pins";
+const HIDE_KEY = "tributary.charts.hidden";
+const FRAME_BUDGET_MS = 12; // drawing per animation frame before the rest waits for the next
+
+// A y axis as wide as its longest tick label (uPlot calls this with the formatted labels).
+function axisWidth(u, values) {
+  if (!values) return 48;
+  const longest = values.reduce((n, v) => Math.max(n, String(v).length), 0);
+  return Math.max(40, 14 + longest * 7);
+}
+
+// A linear y range around the data; a flat series (a reward stuck at 0, a constant learning
+// rate) gets a band of +-10% (+-1 around zero) instead of uPlot's 0..100 default.
+function yRange(u, min, max) {
+  if (min == null || max == null) return [0, 1];
+  if (min === max) { const pad = Math.abs(min) * 0.1 || 1; return [min - pad, max + pad]; }
+  return uPlot.rangeNum(min, max, 0.1, true);
+}
+
+// The default panels, in order. A metric goes to the first panel that takes it; any other
+// metric goes to a panel of its prefix (the part before the first "/").
+const DEFAULT_PANELS = [
+  { id: "reward", title: "Reward", take: (n) => n === "reward/mean" || /^reward\/.+\/mean$/.test(n) },
+  { id: "accuracy", title: "Accuracy (train, eval)", take: (n) => n === "train/accuracy" || n === "eval/accuracy" },
+  { id: "entropy", title: "Entropy", take: (n) => n === "actor/entropy" },
+  { id: "kl", title: "KL", take: (n) => ["actor/kl_loss", "actor/ppo_kl", "rollout/mismatch_kl"].includes(n) },
+  { id: "clipfrac", title: "PG clip fraction", take: (n) => n === "actor/pg_clipfrac" },
+  { id: "response_length", title: "Response length (clip ratio right)",
+    take: (n) => n === "response_length/mean" || n === "response_length/clip_ratio",
+    y2: (n) => n === "response_length/clip_ratio" },
+  { id: "grad_norm", title: "Gradient norm", take: (n) => n === "actor/grad_norm" },
+  { id: "lr", title: "Learning rate", take: (n) => n === "actor/lr" },
+  { id: "throughput", title: "Throughput",
+    take: (n) => n.startsWith("perf/") || /(tokens?|tok)[_/ ]?(per[_ ]?s(ec)?|\/s)|throughput/i.test(n) },
+  { id: "timing", title: "Time per step (s, stacked)", take: (n) => n.startsWith("timing_s/"), stacked: true },
+];
+
+function panelFor(name) {
+  for (const def of DEFAULT_PANELS) if (def.take(name)) return def.id;
+  const slash = name.indexOf("/");
+  return "group:" + (slash > 0 ? name.slice(0, slash) : "other");
+}
+
+function readList(key) {
+  try { const v = JSON.parse(localStorage.getItem(key) || "[]"); return Array.isArray(v) ? v : []; }
+  catch (err) { return []; }
+}
+function writeList(key, list) {
+  try { localStorage.setItem(key, JSON.stringify(list)); } catch (err) { /* private mode */ }
+}
+
+// --- the grid ----------------------------------------------------------------------------
+
+export class ChartGrid {
+  // root: the grid element; runs: [{id, name}]; options: {stateEl, pickerEl, compare, syncKey}
+  constructor(root, runs, options = {}) {
+    this.root = root;
+    this.runs = runs;
+    this.compare = !!options.compare;
+    this.stateEl = options.stateEl || null;
+    this.pickerEl = options.pickerEl || null;
+    this.syncKey = options.syncKey || "tributary";
+    this.opts = { smoothing: 0.6, x: "step", log: false };
+    this.store = new SeriesStore();
+    this.panels = new Map(); // id -> panel state
+    this.hiddenRuns = new Set();
+    this.pins = readList(PIN_KEY);
+    this.hidden = new Set(readList(HIDE_KEY));
+    this.frame = 0;
+    this.loaded = false;
+    this.message = "";
+    this.resize = typeof ResizeObserver === "function"
+      ? new ResizeObserver((entries) => { for (const e of entries) this.resized(e.target); }) : null;
+    // Panels scrolled out of view keep their new points and are redrawn when they come back.
+    this.seen = typeof IntersectionObserver === "function"
+      ? new IntersectionObserver((entries) => {
+        for (const e of entries) {
+          const panel = this.panels.get(e.target.dataset.panel);
+          if (!panel) continue;
+          panel.visible = e.isIntersecting;
+          if (panel.visible && panel.dirty) this.schedule();
+        }
+      }, { rootMargin: "200px" }) : null;
   }
 
-  // A linear y range around the data; a flat series (a reward stuck at 0, a constant learning
-  // rate) gets a band of +-10% (+-1 around zero) instead of uPlot's 0..100 default.
-  function yRange(u, min, max) {
-    if (min == null || max == null) return [0, 1];
-    if (min === max) { const pad = Math.abs(min) * 0.1 || 1; return [min - pad, max + pad]; }
-    return uPlot.rangeNum(min, max, 0.1, true);
-  }
-
-  // The default panels, in order. A metric goes to the first panel that takes it; any other
-  // metric goes to a panel of its prefix (the part before the first "/").
-  const DEFAULT_PANELS = [
-    { id: "reward", title: "Reward", take: (n) => n === "reward/mean" || /^reward\/.+\/mean$/.test(n) },
-    { id: "accuracy", title: "Accuracy (train, eval)", take: (n) => n === "train/accuracy" || n === "eval/accuracy" },
-    { id: "entropy", title: "Entropy", take: (n) => n === "actor/entropy" },
-    { id: "kl", title: "KL", take: (n) => ["actor/kl_loss", "actor/ppo_kl", "rollout/mismatch_kl"].includes(n) },
-    { id: "clipfrac", title: "PG clip fraction", take: (n) => n === "actor/pg_clipfrac" },
-    { id: "response_length", title: "Response length (clip ratio right)",
-      take: (n) => n === "response_length/mean" || n === "response_length/clip_ratio",
-      y2: (n) => n === "response_length/clip_ratio" },
-    { id: "grad_norm", title: "Gradient norm", take: (n) => n === "actor/grad_norm" },
-    { id: "lr", title: "Learning rate", take: (n) => n === "actor/lr" },
-    { id: "throughput", title: "Throughput",
-      take: (n) => n.startsWith("perf/") || /(tokens?|tok)[_/ ]?(per[_ ]?s(ec)?|\/s)|throughput/i.test(n) },
-    { id: "timing", title: "Time per step (s, stacked)", take: (n) => n.startsWith("timing_s/"), stacked: true },
-  ];
-
-  function panelFor(name) {
-    for (const def of DEFAULT_PANELS) if (def.take(name)) return def.id;
-    const slash = name.indexOf("/");
-    return "group:" + (slash > 0 ? name.slice(0, slash) : "other");
-  }
-
-  function readList(key) {
-    try { const v = JSON.parse(localStorage.getItem(key) || "[]"); return Array.isArray(v) ? v : []; }
-    catch (err) { return []; }
-  }
-  function writeList(key, list) {
-    try { localStorage.setItem(key, JSON.stringify(list)); } catch (err) { /* private mode */ }
-  }
-
-  // --- data ------------------------------------------------------------------------------
-
-  // One metric of one run: parallel arrays in step order; lo/hi where the history was downsampled.
-  class Series {
-    constructor(run, name) {
-      this.run = run; this.name = name;
-      this.step = []; this.time = []; this.value = []; this.lo = null; this.hi = null;
+  // History from /metrics/series for run `r` (index into runs).
+  loadHistory(r, seriesList) {
+    for (const s of seriesList) {
+      if (!s.step.length) continue;
+      this.series(r, s.name).load(s);
     }
-    load(s) {
-      this.step = s.step.slice(); this.time = s.time.slice(); this.value = s.value.slice();
-      if (s.downsampled && s.min && s.max) { this.lo = s.min.slice(); this.hi = s.max.slice(); }
+  }
+
+  // The series of metric `name` of run `r`; a new one gets its place in a panel.
+  series(r, name) {
+    const { key, series, created } = this.store.ensure(r, name);
+    if (created) {
+      const id = panelFor(name);
+      let panel = this.panels.get(id);
+      if (!panel) panel = this.addPanel(id);
+      panel.keys.push(key);
+      panel.keys.sort((a, b) => { const [ra, na] = a.split("|"); const [rb, nb] = b.split("|");
+        return na === nb ? ra - rb : na < nb ? -1 : 1; });
+      panel.rebuild = true;
+      this.layoutDirty = true;
     }
-    push(step, time, value) {
-      const n = this.step.length;
-      if (n && step <= this.step[n - 1]) {
-        if (step === this.step[n - 1] && !this.lo) this.value[n - 1] = value; // same step again
-        return false; // older than what we hold: the history has it already
+    return series;
+  }
+
+  // A live metrics event of run `r`: {step, time, values}.
+  addPoints(r, step, time, values) {
+    for (const name in values) {
+      const v = values[name];
+      if (v == null) continue;
+      if (this.series(r, name).push(step, time, v)) this.panels.get(panelFor(name)).dirty = true;
+    }
+    this.schedule();
+  }
+
+  setMessage(text) { this.message = text || ""; this.updateState(); }
+
+  schedule() {
+    if (!this.frame) this.frame = requestAnimationFrame(() => { this.frame = 0; this.flush(); });
+  }
+
+  // What changed since the last frame, drawn once, within a frame budget: panels in page
+  // order, at least one per frame, the rest in the next frames (so the first chart appears
+  // after one panel's work, not all of them, and a stream touching every series never
+  // blocks a frame for all panels at once). Off-screen panels wait until they are visible.
+  flush() {
+    if (this.layoutDirty) this.layout();
+    const start = performance.now();
+    let drawn = 0, pending = false, total = 0;
+    for (const panel of this.order()) {
+      const stale = !this.hidden.has(panel.id) && (panel.dirty || panel.rebuild || !panel.plot);
+      if (stale && !(panel.plot && panel.visible === false)) {
+        if (drawn && performance.now() - start > FRAME_BUDGET_MS) pending = true;
+        else { this.draw(panel); drawn += 1; }
       }
-      this.step.push(step); this.time.push(time); this.value.push(value);
-      if (this.lo) { this.lo.push(value); this.hi.push(value); }
-      if (this.step.length > MAX_KEEP) this.compact();
-      return true;
+      total += panel.points;
     }
-    // Merge the older half in pairs (mean value, min/max band) so a long live session stays light.
-    compact() {
-      const half = Math.floor(this.step.length / 2) & ~1;
-      const lo = this.lo || this.value.slice(), hi = this.hi || this.value.slice();
-      const S = [], T = [], V = [], L = [], H = [];
-      for (let i = 0; i < half; i += 2) {
-        S.push(this.step[i]); T.push(this.time[i]);
-        const a = this.value[i], b = this.value[i + 1];
-        V.push(a == null ? b : b == null ? a : (a + b) / 2);
-        L.push(Math.min(lo[i], lo[i + 1])); H.push(Math.max(hi[i], hi[i + 1]));
-      }
-      this.step = S.concat(this.step.slice(half)); this.time = T.concat(this.time.slice(half));
-      this.value = V.concat(this.value.slice(half));
-      this.lo = L.concat(lo.slice(half)); this.hi = H.concat(hi.slice(half));
-    }
-    get length() { return this.step.length; }
+    this.root.dataset.points = String(total);
+    this.updateState();
+    if (pending) this.schedule();
   }
 
-  // Smoothed copy of `values` (nulls stay null): TensorBoard's debiased exponential moving average.
-  function ema(values, weight) {
-    if (!weight) return values;
-    const out = new Array(values.length);
-    let last = 0, n = 0;
-    for (let i = 0; i < values.length; i++) {
-      const v = values[i];
-      if (v == null || !isFinite(v)) { out[i] = null; continue; }
-      last = last * weight + (1 - weight) * v; n += 1;
-      out[i] = last / (1 - weight ** n);
-    }
-    return out;
+  updateState() {
+    if (!this.stateEl) return;
+    let text = this.message;
+    if (!text && this.loaded && !this.store.size) text = "No metrics yet.";
+    this.stateEl.textContent = text;
+    this.stateEl.hidden = !text;
   }
 
-  // Align several sorted (x, ...cols) series on the union of their x values (k-way merge).
-  function align(list) {
-    if (list.length === 1) return { x: list[0].x, cols: [list[0].cols] };
-    const xs = [];
-    const idx = list.map(() => 0);
-    for (;;) {
-      let min = Infinity;
-      for (let k = 0; k < list.length; k++) if (idx[k] < list[k].x.length && list[k].x[idx[k]] < min) min = list[k].x[idx[k]];
-      if (min === Infinity) break;
-      xs.push(min);
-      for (let k = 0; k < list.length; k++) while (idx[k] < list[k].x.length && list[k].x[idx[k]] <= min) idx[k]++;
-    }
-    const cols = list.map((s) => {
-      const out = s.cols.map(() => new Array(xs.length).fill(null));
-      let j = 0;
-      for (let i = 0; i < s.x.length; i++) {
-        while (xs[j] < s.x[i]) j++;
-        for (let c = 0; c < s.cols.length; c++) out[c][j] = s.cols[c][i];
-      }
-      return out;
+  pointCount() { return Number(this.root.dataset.points || 0); }
+
+  // --- panels ----------------------------------------------------------------------------
+
+  addPanel(id) {
+    const def = DEFAULT_PANELS.find((d) => d.id === id) || { id, title: id.slice(6) + "/*", take: () => false };
+    const el = document.createElement("section");
+    el.className = "chart-panel";
+    el.dataset.panel = id;
+    el.dataset.points = "0";
+    const head = document.createElement("header");
+    const h = document.createElement("h3");
+    h.id = "chart-title-" + id.replace(/[^a-z0-9_-]/gi, "_");
+    h.textContent = def.title;
+    el.setAttribute("aria-labelledby", h.id);
+    const pin = document.createElement("button");
+    pin.type = "button";
+    pin.className = "pin secondary";
+    pin.setAttribute("aria-label", "Pin " + def.title);
+    pin.addEventListener("click", () => this.togglePin(id));
+    head.append(h, pin);
+    const body = document.createElement("div");
+    body.className = "chart-body";
+    el.append(head, body);
+    const panel = { id, def, el, body, pin, keys: [], plot: null, dirty: true, rebuild: true, points: 0, zoomed: false };
+    this.panels.set(id, panel);
+    this.syncPin(panel);
+    if (this.resize) this.resize.observe(body);
+    if (this.seen) this.seen.observe(el);
+    return panel;
+  }
+
+  // Page order of panel ids: pinned first (in pin order), then the default RL panels, then the rest by name.
+  sortIds(ids) {
+    const defaults = DEFAULT_PANELS.map((d) => d.id);
+    const rank = (id) => {
+      const pinned = this.pins.indexOf(id);
+      if (pinned >= 0) return [0, pinned, ""];
+      const d = defaults.indexOf(id);
+      return d >= 0 ? [1, d, ""] : [2, 0, id];
+    };
+    return ids.slice().sort((a, b) => {
+      const ra = rank(a), rb = rank(b);
+      return ra[0] - rb[0] || ra[1] - rb[1] || (ra[2] < rb[2] ? -1 : ra[2] > rb[2] ? 1 : 0);
     });
-    return { x: xs, cols };
   }
 
-  function fmt(v) {
-    if (v == null || !isFinite(v)) return "—";
-    const a = Math.abs(v);
-    if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3);
-    return (+v.toPrecision(5)).toString();
+  order() { return this.sortIds([...this.panels.keys()]).map((id) => this.panels.get(id)); }
+
+  // The metrics of the panel that comes first on the page (not hidden), among `names`: the
+  // page fetches their history first so one chart is drawn before the rest has arrived.
+  firstPanelNames(names) {
+    const ids = this.sortIds([...new Set(names.map(panelFor))]).filter((id) => !this.hidden.has(id));
+    return ids.length ? names.filter((n) => panelFor(n) === ids[0]) : [];
   }
 
-  function fmtDuration(s) {
-    if (s == null || !isFinite(s)) return "—";
-    s = Math.max(0, Math.round(s));
-    const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
-    return h ? `${h}h${String(m).padStart(2, "0")}m` : m ? `${m}m${String(sec).padStart(2, "0")}s` : `${sec}s`;
+  layout() {
+    this.layoutDirty = false;
+    for (const panel of this.order()) {
+      panel.el.hidden = this.hidden.has(panel.id);
+      this.root.appendChild(panel.el); // moves; uPlot instances survive
+    }
+    this.renderPicker();
   }
 
-  // --- the grid ----------------------------------------------------------------------------
+  togglePin(id) {
+    const i = this.pins.indexOf(id);
+    if (i >= 0) this.pins.splice(i, 1); else this.pins.push(id);
+    writeList(PIN_KEY, this.pins);
+    this.syncPin(this.panels.get(id));
+    this.layout();
+    this.panels.get(id).pin.focus();
+  }
 
-  class ChartGrid {
-    // root: the grid element; runs: [{id, name}]; options: {stateEl, pickerEl, compare, syncKey}
-    constructor(root, runs, options = {}) {
-      this.root = root;
-      this.runs = runs;
-      this.compare = !!options.compare;
-      this.stateEl = options.stateEl || null;
-      this.pickerEl = options.pickerEl || null;
-      this.syncKey = options.syncKey || "tributary";
-      this.opts = { smoothing: 0.6, x: "step", log: false };
-      this.series = new Map(); // run index + "|" + name -> Series
-      this.panels = new Map(); // id -> panel state
-      this.hiddenRuns = new Set();
-      this.pins = readList(PIN_KEY);
-      this.hidden = new Set(readList(HIDE_KEY));
-      this.frame = 0;
-      this.loaded = false;
-      this.message = "";
-      this.resize = typeof ResizeObserver === "function"
-        ? new ResizeObserver((entries) => { for (const e of entries) this.resized(e.target); }) : null;
-      // Panels scrolled out of view keep their new points and are redrawn when they come back.
-      this.seen = typeof IntersectionObserver === "function"
-        ? new IntersectionObserver((entries) => {
-          for (const e of entries) {
-            const panel = this.panels.get(e.target.dataset.panel);
-            if (!panel) continue;
-            panel.visible = e.isIntersecting;
-            if (panel.visible && panel.dirty) this.schedule();
-          }
-        }, { rootMargin: "200px" }) : null;
+  syncPin(panel) {
+    const on = this.pins.includes(panel.id);
+    panel.pin.setAttribute("aria-pressed", on ? "true" : "false");
+    panel.pin.textContent = on ? "★ pinned" : "☆ pin";
+    panel.el.classList.toggle("pinned", on);
+  }
+
+  renderPicker() {
+    if (!this.pickerEl) return;
+    this.pickerEl.textContent = "";
+    for (const panel of this.order()) {
+      const label = document.createElement("label");
+      const box = document.createElement("input");
+      box.type = "checkbox";
+      box.checked = !this.hidden.has(panel.id);
+      box.dataset.panel = panel.id;
+      box.addEventListener("change", () => {
+        if (box.checked) this.hidden.delete(panel.id); else this.hidden.add(panel.id);
+        writeList(HIDE_KEY, [...this.hidden]);
+        panel.el.hidden = !box.checked;
+        if (box.checked) { panel.rebuild = true; this.schedule(); }
+      });
+      label.append(box, " " + panel.def.title);
+      this.pickerEl.appendChild(label);
     }
+  }
 
-    // History from /metrics/series for run `r` (index into runs).
-    loadHistory(r, seriesList) {
-      for (const s of seriesList) {
-        if (!s.step.length) continue;
-        this.get(r, s.name).load(s);
+  resized(body) {
+    for (const panel of this.panels.values()) {
+      if (panel.body === body && panel.plot) {
+        const w = body.clientWidth;
+        if (w && w !== panel.plot.width) panel.plot.setSize({ width: w, height: panel.plot.height });
       }
     }
+  }
 
-    get(r, name) {
-      const key = r + "|" + name;
-      let s = this.series.get(key);
-      if (!s) {
-        s = new Series(r, name);
-        this.series.set(key, s);
-        const id = panelFor(name);
-        let panel = this.panels.get(id);
-        if (!panel) panel = this.addPanel(id);
-        panel.keys.push(key);
-        panel.keys.sort((a, b) => { const [ra, na] = a.split("|"); const [rb, nb] = b.split("|");
-          return na === nb ? ra - rb : na < nb ? -1 : 1; });
-        panel.rebuild = true;
-        this.layoutDirty = true;
-      }
-      return s;
+  // --- options ---------------------------------------------------------------------------
+
+  setSmoothing(w) { this.opts.smoothing = w; this.redraw(false); }
+  setX(mode) { this.opts.x = mode; this.redraw(true); }
+  setLog(on) { this.opts.log = on; this.redraw(true); }
+  setRunVisible(r, show) {
+    if (show) this.hiddenRuns.delete(r); else this.hiddenRuns.add(r);
+    for (const panel of this.panels.values()) {
+      if (!panel.plot) continue;
+      panel.seriesRuns.forEach((run, i) => { if (run === r) panel.plot.setSeries(i + 1, { show }); });
     }
+  }
 
-    // A live metrics event of run `r`: {step, time, values}.
-    addPoints(r, step, time, values) {
-      for (const name in values) {
-        const v = values[name];
-        if (v == null) continue;
-        const s = this.get(r, name);
-        if (s.push(step, time, v)) this.panels.get(panelFor(name)).dirty = true;
-      }
-      this.schedule();
+  redraw(recreate) {
+    for (const panel of this.panels.values()) {
+      if (recreate && panel.plot) { panel.plot.destroy(); panel.plot = null; panel.zoomed = false; }
+      if (recreate) panel.rebuild = true; else panel.dirty = true;
     }
+    this.schedule();
+  }
 
-    setMessage(text) { this.message = text || ""; this.updateState(); }
+  colour(panel, r, nameIndex) {
+    return this.compare ? PALETTE[r % PALETTE.length] : PALETTE[nameIndex % PALETTE.length];
+  }
 
-    schedule() {
-      if (!this.frame) this.frame = requestAnimationFrame(() => { this.frame = 0; this.flush(); });
+  // Build the aligned arrays of a panel and hand them to uPlot (creating it when needed).
+  draw(panel) {
+    panel.dirty = false;
+    const xMode = this.opts.x;
+    const keys = panel.keys;
+    const log = this.opts.log;
+    const series = keys.map((key) => this.store.byKey(key));
+    const names = [...new Set(series.map((one) => one.name))];
+    const { x, raw, smooth, lo, hi, ys, points } = chartData(series, {
+      x: xMode, compare: this.compare, log, smoothing: this.opts.smoothing, stacked: !!panel.def.stacked,
+      hiddenRuns: this.hiddenRuns,
+    });
+    panel.raw = raw; panel.lo = lo; panel.hi = hi; panel.own = smooth;
+    panel.points = points;
+    panel.el.dataset.points = String(points);
+    panel.el.dataset.series = String(keys.length);
+    const data = [x, ...ys];
+    const signature = keys.join(",") + "|" + xMode + "|" + log;
+    if (panel.plot && panel.signature === signature && !panel.rebuild) {
+      panel.plot.setData(data, !panel.zoomed);
+      return;
     }
+    panel.rebuild = false;
+    if (panel.plot) { panel.plot.destroy(); panel.plot = null; }
+    panel.signature = signature;
+    panel.seriesRuns = series.map((one) => one.run);
+    panel.plot = new uPlot(this.plotOptions(panel, series, names), data, panel.body);
+    panel.zoomed = false;
+    panel.plot.over.addEventListener("dblclick", () => { panel.zoomed = false; });
+  }
 
-    // What changed since the last frame, drawn once, within a frame budget: panels in page
-    // order, at least one per frame, the rest in the next frames (so the first chart appears
-    // after one panel's work, not all of them, and a stream touching every series never
-    // blocks a frame for all panels at once). Off-screen panels wait until they are visible.
-    flush() {
-      if (this.layoutDirty) this.layout();
-      const start = performance.now();
-      let drawn = 0, pending = false, total = 0;
-      for (const panel of this.order()) {
-        const stale = !this.hidden.has(panel.id) && (panel.dirty || panel.rebuild || !panel.plot);
-        if (stale && !(panel.plot && panel.visible === false)) {
-          if (drawn && performance.now() - start > FRAME_BUDGET_MS) pending = true;
-          else { this.draw(panel); drawn += 1; }
-        }
-        total += panel.points;
-      }
-      this.root.dataset.points = String(total);
-      this.updateState();
-      if (pending) this.schedule();
-    }
-
-    updateState() {
-      if (!this.stateEl) return;
-      let text = this.message;
-      if (!text && this.loaded && !this.series.size) text = "No metrics yet.";
-      this.stateEl.textContent = text;
-      this.stateEl.hidden = !text;
-    }
-
-    pointCount() { return Number(this.root.dataset.points || 0); }
-
-    // --- panels ----------------------------------------------------------------------------
-
-    addPanel(id) {
-      const def = DEFAULT_PANELS.find((d) => d.id === id) || { id, title: id.slice(6) + "/*", take: () => false };
-      const el = document.createElement("section");
-      el.className = "chart-panel";
-      el.dataset.panel = id;
-      el.dataset.points = "0";
-      const head = document.createElement("header");
-      const h = document.createElement("h3");
-      h.id = "chart-title-" + id.replace(/[^a-z0-9_-]/gi, "_");
-      h.textContent = def.title;
-      el.setAttribute("aria-labelledby", h.id);
-      const pin = document.createElement("button");
-      pin.type = "button";
-      pin.className = "pin secondary";
-      pin.setAttribute("aria-label", "Pin " + def.title);
-      pin.addEventListener("click", () => this.togglePin(id));
-      head.append(h, pin);
-      const body = document.createElement("div");
-      body.className = "chart-body";
-      el.append(head, body);
-      const panel = { id, def, el, body, pin, keys: [], plot: null, dirty: true, rebuild: true, points: 0, zoomed: false };
-      this.panels.set(id, panel);
-      this.syncPin(panel);
-      if (this.resize) this.resize.observe(body);
-      if (this.seen) this.seen.observe(el);
-      return panel;
-    }
-
-    // Page order of panel ids: pinned first (in pin order), then the default RL panels, then the rest by name.
-    sortIds(ids) {
-      const defaults = DEFAULT_PANELS.map((d) => d.id);
-      const rank = (id) => {
-        const pinned = this.pins.indexOf(id);
-        if (pinned >= 0) return [0, pinned, ""];
-        const d = defaults.indexOf(id);
-        return d >= 0 ? [1, d, ""] : [2, 0, id];
+  plotOptions(panel, list, names) {
+    const xMode = this.opts.x;
+    const def = panel.def;
+    const hasY2 = !!def.y2 && list.some((one) => def.y2(one.name));
+    const series = [{ label: xMode === "step" ? "step" : this.compare ? "elapsed" : "time",
+      value: xMode === "time" && this.compare ? (u, v) => formatDuration(v) : undefined }];
+    const bands = [];
+    list.forEach((one, i) => {
+      const nameIndex = names.indexOf(one.name);
+      const colour = this.colour(panel, one.run, nameIndex);
+      const label = this.compare ? `${this.runs[one.run].name} · ${one.name}` : one.name;
+      const opt = {
+        label, stroke: colour, width: 1.5, spanGaps: true,
+        // A line needs two points: show the dots while a series has fewer than three.
+        points: { show: (u) => u.data[0].length < 3 },
+        scale: hasY2 && def.y2(one.name) ? "y2" : "y",
+        show: !this.hiddenRuns.has(one.run),
+        value: (u, v, si, idx) => formatNumber(idx == null ? v : panel.own[si - 1][idx]),
       };
-      return ids.slice().sort((a, b) => {
-        const ra = rank(a), rb = rank(b);
-        return ra[0] - rb[0] || ra[1] - rb[1] || (ra[2] < rb[2] ? -1 : ra[2] > rb[2] ? 1 : 0);
-      });
-    }
-
-    order() { return this.sortIds([...this.panels.keys()]).map((id) => this.panels.get(id)); }
-
-    // The metrics of the panel that comes first on the page (not hidden), among `names`: the
-    // page fetches their history first so one chart is drawn before the rest has arrived.
-    firstPanelNames(names) {
-      const ids = this.sortIds([...new Set(names.map(panelFor))]).filter((id) => !this.hidden.has(id));
-      return ids.length ? names.filter((n) => panelFor(n) === ids[0]) : [];
-    }
-
-    layout() {
-      this.layoutDirty = false;
-      for (const panel of this.order()) {
-        panel.el.hidden = this.hidden.has(panel.id);
-        this.root.appendChild(panel.el); // moves; uPlot instances survive
+      if (this.compare) opt.dash = DASHES[nameIndex % DASHES.length] || undefined;
+      if (def.stacked) {
+        opt.fill = colour + "55";
+        if (i > 0) bands.push({ series: [i + 1, i], fill: colour + "55" });
       }
-      this.renderPicker();
-    }
-
-    togglePin(id) {
-      const i = this.pins.indexOf(id);
-      if (i >= 0) this.pins.splice(i, 1); else this.pins.push(id);
-      writeList(PIN_KEY, this.pins);
-      this.syncPin(this.panels.get(id));
-      this.layout();
-      this.panels.get(id).pin.focus();
-    }
-
-    syncPin(panel) {
-      const on = this.pins.includes(panel.id);
-      panel.pin.setAttribute("aria-pressed", on ? "true" : "false");
-      panel.pin.textContent = on ? "★ pinned" : "☆ pin";
-      panel.el.classList.toggle("pinned", on);
-    }
-
-    renderPicker() {
-      if (!this.pickerEl) return;
-      this.pickerEl.textContent = "";
-      for (const panel of this.order()) {
-        const label = document.createElement("label");
-        const box = document.createElement("input");
-        box.type = "checkbox";
-        box.checked = !this.hidden.has(panel.id);
-        box.dataset.panel = panel.id;
-        box.addEventListener("change", () => {
-          if (box.checked) this.hidden.delete(panel.id); else this.hidden.add(panel.id);
-          writeList(HIDE_KEY, [...this.hidden]);
-          panel.el.hidden = !box.checked;
-          if (box.checked) { panel.rebuild = true; this.schedule(); }
-        });
-        label.append(box, " " + panel.def.title);
-        this.pickerEl.appendChild(label);
-      }
-    }
-
-    resized(body) {
-      for (const panel of this.panels.values()) {
-        if (panel.body === body && panel.plot) {
-          const w = body.clientWidth;
-          if (w && w !== panel.plot.width) panel.plot.setSize({ width: w, height: panel.plot.height });
-        }
-      }
-    }
-
-    // --- options ---------------------------------------------------------------------------
-
-    setSmoothing(w) { this.opts.smoothing = w; this.redraw(false); }
-    setX(mode) { this.opts.x = mode; this.redraw(true); }
-    setLog(on) { this.opts.log = on; this.redraw(true); }
-    setRunVisible(r, show) {
-      if (show) this.hiddenRuns.delete(r); else this.hiddenRuns.add(r);
-      for (const panel of this.panels.values()) {
-        if (!panel.plot) continue;
-        panel.seriesRuns.forEach((run, i) => { if (run === r) panel.plot.setSeries(i + 1, { show }); });
-      }
-    }
-
-    redraw(recreate) {
-      for (const panel of this.panels.values()) {
-        if (recreate && panel.plot) { panel.plot.destroy(); panel.plot = null; panel.zoomed = false; }
-        if (recreate) panel.rebuild = true; else panel.dirty = true;
-      }
-      this.schedule();
-    }
-
-    colour(panel, r, nameIndex) {
-      return this.compare ? PALETTE[r % PALETTE.length] : PALETTE[nameIndex % PALETTE.length];
-    }
-
-    // Build the aligned arrays of a panel and hand them to uPlot (creating it when needed).
-    draw(panel) {
-      panel.dirty = false;
-      const xMode = this.opts.x;
-      const keys = panel.keys;
-      const names = [...new Set(keys.map((k) => k.slice(k.indexOf("|") + 1)))];
-      const parts = keys.map((key) => {
-        const s = this.series.get(key);
-        let x = xMode === "time" ? s.time : s.step;
-        if (xMode === "time" && this.compare && s.time.length) { const t0 = s.time[0]; x = s.time.map((t) => t - t0); }
-        const cols = [s.value];
-        if (s.lo) cols.push(s.lo, s.hi);
-        return { x, cols, s };
-      });
-      const { x, cols } = align(parts);
-      const log = this.opts.log;
-      const clean = (arr) => (log ? arr.map((v) => (v != null && v > 0 ? v : null)) : arr);
-      const raw = [], smooth = [], lo = [], hi = [];
-      let points = 0;
-      cols.forEach((c, i) => {
-        const r = clean(c[0]);
-        raw.push(r);
-        smooth.push(panel.def.stacked ? r : ema(r, this.opts.smoothing));
-        lo.push(c.length > 1 ? clean(c[1]) : null);
-        hi.push(c.length > 1 ? clean(c[2]) : null);
-        if (!this.hiddenRuns.has(parts[i].s.run)) for (const v of c[0]) if (v != null) points++;
-      });
-      let ys = smooth;
-      if (panel.def.stacked) { // cumulative sums: each component drawn on top of the ones before
-        ys = [];
-        let acc = new Array(x.length).fill(null);
-        for (const col of smooth) {
-          acc = acc.map((a, j) => (col[j] == null ? a : (a || 0) + col[j]));
-          ys.push(acc.slice());
-        }
-      }
-      panel.raw = raw; panel.lo = lo; panel.hi = hi; panel.own = smooth;
-      panel.points = points;
-      panel.el.dataset.points = String(points);
-      panel.el.dataset.series = String(keys.length);
-      const data = [x, ...ys];
-      const signature = keys.join(",") + "|" + xMode + "|" + log;
-      if (panel.plot && panel.signature === signature && !panel.rebuild) {
-        panel.plot.setData(data, !panel.zoomed);
-        return;
-      }
-      panel.rebuild = false;
-      if (panel.plot) { panel.plot.destroy(); panel.plot = null; }
-      panel.signature = signature;
-      panel.seriesRuns = parts.map((p) => p.s.run);
-      panel.plot = new uPlot(this.plotOptions(panel, parts, names), data, panel.body);
-      panel.zoomed = false;
-      panel.plot.over.addEventListener("dblclick", () => { panel.zoomed = false; });
-    }
-
-    plotOptions(panel, parts, names) {
-      const xMode = this.opts.x;
-      const def = panel.def;
-      const hasY2 = !!def.y2 && parts.some((p) => def.y2(p.s.name));
-      const series = [{ label: xMode === "step" ? "step" : this.compare ? "elapsed" : "time",
-        value: xMode === "time" && this.compare ? (u, v) => fmtDuration(v) : undefined }];
-      const bands = [];
-      parts.forEach((p, i) => {
-        const nameIndex = names.indexOf(p.s.name);
-        const colour = this.colour(panel, p.s.run, nameIndex);
-        const label = this.compare ? `${this.runs[p.s.run].name} · ${p.s.name}` : p.s.name;
-        const opt = {
-          label, stroke: colour, width: 1.5, spanGaps: true,
-          // A line needs two points: show the dots while a series has fewer than three.
-          points: { show: (u) => u.data[0].length < 3 },
-          scale: hasY2 && def.y2(p.s.name) ? "y2" : "y",
-          show: !this.hiddenRuns.has(p.s.run),
-          value: (u, v, si, idx) => fmt(idx == null ? v : panel.own[si - 1][idx]),
-        };
-        if (this.compare) opt.dash = DASHES[nameIndex % DASHES.length] || undefined;
-        if (def.stacked) {
-          opt.fill = colour + "55";
-          if (i > 0) bands.push({ series: [i + 1, i], fill: colour + "55" });
-        }
-        series.push(opt);
-      });
-      const body = panel.body;
-      const width = Math.max(240, body.clientWidth || 400);
-      const axes = [
-        xMode === "time" && this.compare ? { values: (u, vals) => vals.map(fmtDuration) } : {},
-        { size: axisWidth, values: (u, vals) => vals.map(fmt) },
-      ];
-      if (hasY2) axes.push({ scale: "y2", side: 1, grid: { show: false }, size: axisWidth, values: (u, vals) => vals.map(fmt) });
-      const linear = { range: yRange };
-      const scales = { x: { time: xMode === "time" && !this.compare }, y: this.opts.log ? { distr: 3 } : linear };
-      if (hasY2) scales.y2 = linear;
-      return {
-        width, height: 220,
-        series, axes, scales, bands: def.stacked ? bands : undefined,
-        cursor: { sync: { key: this.syncKey, setSeries: false }, drag: { x: true, y: false } },
-        legend: { live: true },
-        hooks: {
-          drawAxes: [(u) => this.drawUnder(panel, u)],
-          setSelect: [(u) => { if (u.select.width > 0) panel.zoomed = true; }],
-        },
-      };
-    }
-
-    // Under the smoothed lines: the min/max band of downsampled history, and the raw values faint.
-    drawUnder(panel, u) {
-      if (panel.def.stacked) return;
-      const ctx = u.ctx;
-      const { left, top, width, height } = u.bbox;
-      const x = u.data[0];
-      ctx.save();
-      ctx.beginPath(); ctx.rect(left, top, width, height); ctx.clip();
-      for (let i = 0; i < panel.raw.length; i++) {
-        const s = u.series[i + 1];
-        if (!s.show) continue;
-        const scale = s.scale || "y";
-        const colour = typeof s.stroke === "function" ? s.stroke(u, i + 1) : s.stroke;
-        const lo = panel.lo[i], hi = panel.hi[i];
-        if (lo && hi) {
-          ctx.fillStyle = colour; ctx.globalAlpha = 0.15;
-          ctx.beginPath();
-          let started = false;
-          const upper = [];
-          for (let j = 0; j < x.length; j++) {
-            if (hi[j] == null || lo[j] == null) continue;
-            const px = u.valToPos(x[j], "x", true);
-            upper.push([px, u.valToPos(hi[j], scale, true)]);
-            if (!started) { ctx.moveTo(px, u.valToPos(lo[j], scale, true)); started = true; }
-            else ctx.lineTo(px, u.valToPos(lo[j], scale, true));
-          }
-          for (let k = upper.length - 1; k >= 0; k--) ctx.lineTo(upper[k][0], upper[k][1]);
-          ctx.closePath();
-          if (started) ctx.fill();
-        }
-        if (this.opts.smoothing > 0) {
-          const raw = panel.raw[i];
-          ctx.strokeStyle = colour; ctx.globalAlpha = 0.25; ctx.lineWidth = 1 * (window.devicePixelRatio || 1);
-          ctx.beginPath();
-          let pen = false;
-          for (let j = 0; j < x.length; j++) {
-            if (raw[j] == null) continue;
-            const px = u.valToPos(x[j], "x", true), py = u.valToPos(raw[j], scale, true);
-            if (pen) ctx.lineTo(px, py); else { ctx.moveTo(px, py); pen = true; }
-          }
-          ctx.stroke();
-        }
-      }
-      ctx.restore();
-    }
-
-    // The step rate of the newest points (steps per second), for the ETA; null when unknown.
-    stepRate(r = 0) {
-      let best = null;
-      for (const s of this.series.values()) if (s.run === r && (!best || s.length > best.length)) best = s;
-      if (!best || best.length < 2) return null;
-      const n = best.length, k = Math.max(0, n - 50);
-      const dt = best.time[n - 1] - best.time[k], ds = best.step[n - 1] - best.step[k];
-      return dt > 0 && ds > 0 ? ds / dt : null;
-    }
+      series.push(opt);
+    });
+    const body = panel.body;
+    const width = Math.max(240, body.clientWidth || 400);
+    const axes = [
+      xMode === "time" && this.compare ? { values: (u, vals) => vals.map(formatDuration) } : {},
+      { size: axisWidth, values: (u, vals) => vals.map(formatNumber) },
+    ];
+    if (hasY2) axes.push({ scale: "y2", side: 1, grid: { show: false }, size: axisWidth, values: (u, vals) => vals.map(formatNumber) });
+    const linear = { range: yRange };
+    const scales = { x: { time: xMode === "time" && !this.compare }, y: this.opts.log ? { distr: 3 } : linear };
+    if (hasY2) scales.y2 = linear;
+    return {
+      width, height: 220,
+      series, axes, scales, bands: def.stacked ? bands : undefined,
+      cursor: { sync: { key: this.syncKey, setSeries: false }, drag: { x: true, y: false } },
+      legend: { live: true },
+      hooks: {
+        drawAxes: [(u) => this.drawUnder(panel, u)],
+        setSelect: [(u) => { if (u.select.width > 0) panel.zoomed = true; }],
+      },
+    };
   }
 
-  // Wire the shared controls (smoothing, x axis, log scale) of _chart_controls.html to a grid.
-  function bindControls(grid, doc = document) {
-    const smoothing = doc.getElementById("smoothing");
-    const out = doc.getElementById("smoothing-value");
-    const KEY = "tributary.charts.smoothing";
-    const saved = Number(localStorage.getItem(KEY));
-    if (smoothing) {
-      if (localStorage.getItem(KEY) !== null && isFinite(saved)) smoothing.value = String(saved);
-      grid.opts.smoothing = Number(smoothing.value);
+  // Under the smoothed lines: the min/max band of downsampled history, and the raw values faint.
+  drawUnder(panel, u) {
+    if (panel.def.stacked) return;
+    const ctx = u.ctx;
+    const { left, top, width, height } = u.bbox;
+    const x = u.data[0];
+    ctx.save();
+    ctx.beginPath(); ctx.rect(left, top, width, height); ctx.clip();
+    for (let i = 0; i < panel.raw.length; i++) {
+      const s = u.series[i + 1];
+      if (!s.show) continue;
+      const scale = s.scale || "y";
+      const colour = typeof s.stroke === "function" ? s.stroke(u, i + 1) : s.stroke;
+      const lo = panel.lo[i], hi = panel.hi[i];
+      if (lo && hi) {
+        ctx.fillStyle = colour; ctx.globalAlpha = 0.15;
+        ctx.beginPath();
+        let started = false;
+        const upper = [];
+        for (let j = 0; j < x.length; j++) {
+          if (hi[j] == null || lo[j] == null) continue;
+          const px = u.valToPos(x[j], "x", true);
+          upper.push([px, u.valToPos(hi[j], scale, true)]);
+          if (!started) { ctx.moveTo(px, u.valToPos(lo[j], scale, true)); started = true; }
+          else ctx.lineTo(px, u.valToPos(lo[j], scale, true));
+        }
+        for (let k = upper.length - 1; k >= 0; k--) ctx.lineTo(upper[k][0], upper[k][1]);
+        ctx.closePath();
+        if (started) ctx.fill();
+      }
+      if (this.opts.smoothing > 0) {
+        const raw = panel.raw[i];
+        ctx.strokeStyle = colour; ctx.globalAlpha = 0.25; ctx.lineWidth = 1 * (window.devicePixelRatio || 1);
+        ctx.beginPath();
+        let pen = false;
+        for (let j = 0; j < x.length; j++) {
+          if (raw[j] == null) continue;
+          const px = u.valToPos(x[j], "x", true), py = u.valToPos(raw[j], scale, true);
+          if (pen) ctx.lineTo(px, py); else { ctx.moveTo(px, py); pen = true; }
+        }
+        ctx.stroke();
+      }
+    }
+    ctx.restore();
+  }
+
+  // The step rate of the newest points (steps per second), for the ETA; null when unknown.
+  stepRate(r = 0) { return this.store.stepRate(r); }
+}
+
+// Wire the shared controls (smoothing, x axis, log scale) of _chart_controls.html to a grid.
+export function bindControls(grid, doc = document) {
+  const smoothing = doc.getElementById("smoothing");
+  const out = doc.getElementById("smoothing-value");
+  const KEY = "tributary.charts.smoothing";
+  const saved = Number(localStorage.getItem(KEY));
+  if (smoothing) {
+    if (localStorage.getItem(KEY) !== null && isFinite(saved)) smoothing.value = String(saved);
+    grid.opts.smoothing = Number(smoothing.value);
+    if (out) out.textContent = smoothing.value;
+    smoothing.addEventListener("input", () => {
       if (out) out.textContent = smoothing.value;
-      smoothing.addEventListener("input", () => {
-        if (out) out.textContent = smoothing.value;
-        try { localStorage.setItem(KEY, smoothing.value); } catch (err) { /* private mode */ }
-        grid.setSmoothing(Number(smoothing.value));
-      });
-    }
-    for (const radio of doc.querySelectorAll("input[name=xaxis]")) {
-      radio.addEventListener("change", () => { if (radio.checked) grid.setX(radio.value); });
-    }
-    const log = doc.getElementById("logscale");
-    if (log) log.addEventListener("change", () => grid.setLog(log.checked));
+      try { localStorage.setItem(KEY, smoothing.value); } catch (err) { /* private mode */ }
+      grid.setSmoothing(Number(smoothing.value));
+    });
   }
-
-  // Fetch the history of one run, downsampled to about `maxPoints` per series: every series, or
-  // only `names`, or all but `exclude`.
-  async function fetchSeries(api, maxPoints = 1000, { names = null, exclude = null } = {}) {
-    const query = new URLSearchParams({ max_points: String(maxPoints), x: "step" });
-    if (names) query.set("names", names.join(","));
-    if (exclude && exclude.length) query.set("exclude", exclude.join(","));
-    const res = await fetch(`${api}/metrics/series?${query}`, { credentials: "same-origin" });
-    if (!res.ok) throw new Error(`metrics: HTTP ${res.status}`);
-    return (await res.json()).series;
+  for (const radio of doc.querySelectorAll("input[name=xaxis]")) {
+    radio.addEventListener("change", () => { if (radio.checked) grid.setX(radio.value); });
   }
+  const log = doc.getElementById("logscale");
+  if (log) log.addEventListener("change", () => grid.setLog(log.checked));
+}
 
-  window.TributaryCharts = { ChartGrid, bindControls, fetchSeries, panelFor, ema, align, fmt, fmtDuration, PALETTE };
-})();
+// Fetch the history of one run, downsampled to about `maxPoints` per series: every series, or
+// only `names`, or all but `exclude`.
+export async function fetchSeries(api, maxPoints = 1000, { names = null, exclude = null } = {}) {
+  const query = new URLSearchParams({ max_points: String(maxPoints), x: "step" });
+  if (names) query.set("names", names.join(","));
+  if (exclude && exclude.length) query.set("exclude", exclude.join(","));
+  const res = await fetch(`${api}/metrics/series?${query}`, { credentials: "same-origin" });
+  if (!res.ok) throw new Error(`metrics: HTTP ${res.status}`);
+  return (await res.json()).series;
+}
+

@@ -1,57 +1,56 @@
 // The compare page: every run's metrics overlaid on the same panels (one colour per run), run
 // toggles, live updates for runs still going, and the "only differences" switch of the config
-// diff. Needs live.js and charts.js.
-"use strict";
+// diff.
 
-(function () {
-  const $ = (id) => document.getElementById(id);
+import { ChartGrid, PALETTE, bindControls, fetchSeries } from "./charts.js";
+import { LiveSocket } from "./socket.js";
 
-  async function start() {
-    const only = $("only-diff"), table = $("config-diff");
-    if (only && table) only.addEventListener("change", () => table.classList.toggle("only-diff", only.checked));
+const $ = (id) => document.getElementById(id);
 
-    const node = $("compare-data");
-    if (!node) return;
-    const data = JSON.parse(node.textContent);
-    const C = window.TributaryCharts;
-    const grid = new C.ChartGrid($("charts"), data.runs, {
-      compare: true, stateEl: $("charts-state"), pickerEl: $("panel-picker-list"), syncKey: "tributary-compare",
-    });
-    window.tributaryCharts = grid;
-    C.bindControls(grid);
+async function start() {
+  const only = $("only-diff"), table = $("config-diff");
+  if (only && table) only.addEventListener("change", () => table.classList.toggle("only-diff", only.checked));
 
-    for (const swatch of document.querySelectorAll(".swatch[data-run-index]")) {
-      swatch.style.background = C.PALETTE[Number(swatch.dataset.runIndex) % C.PALETTE.length];
-    }
-    for (const box of document.querySelectorAll("input.run-visible")) {
-      box.addEventListener("change", () => grid.setRunVisible(Number(box.dataset.runIndex), box.checked));
-    }
+  const node = $("compare-data");
+  if (!node) return;
+  const data = JSON.parse(node.textContent);
+  const grid = new ChartGrid($("charts"), data.runs, {
+    compare: true, stateEl: $("charts-state"), pickerEl: $("panel-picker-list"), syncKey: "tributary-compare",
+  });
+  window.tributaryCharts = grid;
+  bindControls(grid);
 
-    const failures = [];
-    await Promise.all(data.runs.map(async (run, r) => {
-      try {
-        let afterSeq = 0;
-        if (!run.is_final) {
-          const res = await fetch(run.api, { credentials: "same-origin" });
-          if (res.ok) afterSeq = (await res.json()).last_seq;
-        }
-        grid.loadHistory(r, await C.fetchSeries(run.api, 1000));
-        if (!run.is_final) {
-          const client = new window.TributaryLive.LiveClient({
-            path: run.socket, afterSeq, handlers: { metrics: (e) => grid.addPoints(r, e.step, e.time, e.values || {}) },
-          });
-          client.connect();
-        }
-      } catch (err) {
-        failures.push(`${run.name}: ${err.message}`);
-      }
-    }));
-    grid.loaded = true;
-    grid.setMessage(failures.length ? "Could not load " + failures.join("; ") : "");
-    grid.schedule();
-    document.body.dataset.historyLoaded = "true";
+  for (const swatch of document.querySelectorAll(".swatch[data-run-index]")) {
+    swatch.style.background = PALETTE[Number(swatch.dataset.runIndex) % PALETTE.length];
+  }
+  for (const box of document.querySelectorAll("input.run-visible")) {
+    box.addEventListener("change", () => grid.setRunVisible(Number(box.dataset.runIndex), box.checked));
   }
 
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
-  else start();
-})();
+  const failures = [];
+  await Promise.all(data.runs.map(async (run, r) => {
+    try {
+      let afterSeq = 0;
+      if (!run.is_final) {
+        const res = await fetch(run.api, { credentials: "same-origin" });
+        if (res.ok) afterSeq = (await res.json()).last_seq;
+      }
+      grid.loadHistory(r, await fetchSeries(run.api, 1000));
+      if (!run.is_final) {
+        const client = new LiveSocket({
+          path: run.socket, afterSeq, stopOnFinal: true,
+          handlers: { metrics: (e) => grid.addPoints(r, e.step, e.time, e.values || {}) },
+        });
+        client.connect();
+      }
+    } catch (err) {
+      failures.push(`${run.name}: ${err.message}`);
+    }
+  }));
+  grid.loaded = true;
+  grid.setMessage(failures.length ? "Could not load " + failures.join("; ") : "");
+  grid.schedule();
+  document.body.dataset.historyLoaded = "true";
+}
+
+start();

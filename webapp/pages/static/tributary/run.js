@@ -1,256 +1,244 @@
 // The run page (and the share page): tabs, the live header, charts fed by history then the
-// socket, live logs and checkpoints, copy-a-share-link. Needs live.js and charts.js.
-"use strict";
+// socket, live logs and checkpoints, copy-a-share-link.
 
-(function () {
-  const $ = (id) => document.getElementById(id);
-  const LEVELS = ["debug", "info", "warning", "error"];
+import { ChartGrid, bindControls, fetchSeries } from "./charts.js";
+import { contracts } from "./contracts.js";
+import { MISSING, formatBytes, formatClock, formatDuration } from "./format.js";
+import { LiveSocket } from "./socket.js";
+import { timeElement } from "./times.js";
 
-  // --- tabs (WAI-ARIA tabs: arrows move, Home/End jump; the URL hash remembers the tab) -------
-  function setupTabs() {
-    const list = $("run-tabs");
-    if (!list) return;
-    const tabs = [...list.querySelectorAll("[role=tab]")];
-    const select = (tab, focus) => {
-      for (const t of tabs) {
-        const on = t === tab;
-        t.setAttribute("aria-selected", on ? "true" : "false");
-        t.tabIndex = on ? 0 : -1;
-        $(t.getAttribute("aria-controls")).hidden = !on;
-      }
-      if (focus) tab.focus();
-      const name = tab.id.replace(/^tab-/, "");
-      history.replaceState(null, "", name === "charts" ? location.pathname + location.search : "#" + name);
-      window.dispatchEvent(new Event("resize"));
-    };
-    tabs.forEach((tab, i) => {
-      tab.addEventListener("click", () => select(tab, false));
-      tab.addEventListener("keydown", (e) => {
-        let j = null;
-        if (e.key === "ArrowRight") j = (i + 1) % tabs.length;
-        else if (e.key === "ArrowLeft") j = (i - 1 + tabs.length) % tabs.length;
-        else if (e.key === "Home") j = 0;
-        else if (e.key === "End") j = tabs.length - 1;
-        if (j !== null) { e.preventDefault(); select(tabs[j], true); }
-      });
-    });
-    const wanted = location.hash && $("tab-" + location.hash.slice(1));
-    if (wanted) select(wanted, false);
-  }
+const $ = (id) => document.getElementById(id);
+const LEVELS = ["debug", "info", "warning", "error"];
 
-  // --- header --------------------------------------------------------------------------------
-  function header(data, grid) {
-    const run = data.run;
-    const final = new Set(data.final_statuses);
-    const badge = $("run-status"), alert = $("run-alert"), stepEl = $("run-step");
-    const show = {
-      status(status, message) {
-        if (status) {
-          run.status = status;
-          badge.textContent = status;
-          badge.className = "badge " + (data.badges[status] || "secondary");
-          badge.dataset.status = status;
-          run.is_final = final.has(status);
-          if (run.is_final) {
-            for (const el of document.querySelectorAll("[data-when=active]")) el.hidden = true;
-            if (!run.finished_at) run.finished_at = Date.now() / 1000;
-          }
-        }
-        if (message !== undefined && message !== null) {
-          run.message = message;
-          alert.textContent = message;
-          alert.dataset.message = message;
-          alert.hidden = !message;
-          alert.classList.toggle("error", run.status === "failed" || run.status === "lost");
-        }
-        this.tick();
-      },
-      step(step) {
-        if (typeof step === "number" && step > run.last_step) {
-          run.last_step = step;
-          stepEl.textContent = String(step);
-          stepEl.dataset.step = String(step);
-        }
-      },
-      tick() {
-        const C = window.TributaryCharts;
-        const elapsed = $("run-elapsed"), eta = $("run-eta");
-        if (run.started_at) {
-          const end = run.is_final && run.finished_at ? run.finished_at : Date.now() / 1000;
-          elapsed.textContent = C.fmtDuration(end - run.started_at);
-          const started = $("run-started");
-          if (started && !started.querySelector("time")) {
-            const when = new Date(run.started_at * 1000);
-            const time = document.createElement("time");
-            time.setAttribute("datetime", when.toISOString());
-            time.textContent = when.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
-            started.replaceChildren(time);
-          }
-        }
-        const rate = grid.stepRate(0);
-        if (!run.is_final && run.total_steps && rate) {
-          eta.textContent = C.fmtDuration((run.total_steps - run.last_step) / rate);
-          eta.title = `${rate.toFixed(3)} steps/s`;
-        } else {
-          eta.textContent = "—";
-        }
-      },
-    };
-    setInterval(() => show.tick(), 1000);
-    return show;
-  }
-
-  // --- logs and checkpoints ---------------------------------------------------------------
-  function setupLogs() {
-    const list = $("logs"), level = $("log-level"), follow = $("log-follow");
-    if (!list) return () => {};
-    level.addEventListener("change", () => { list.dataset.level = level.value; });
-    let maxSeq = 0;
-    for (const li of list.children) maxSeq = Math.max(maxSeq, Number(li.dataset.seq));
-    return (event) => {
-      if (event.seq <= maxSeq) return;
-      maxSeq = event.seq;
-      const li = document.createElement("li");
-      const lvl = LEVELS.includes(event.level) ? event.level : "info";
-      li.dataset.seq = String(event.seq);
-      li.dataset.level = lvl;
-      li.className = "log-" + lvl;
-      const when = document.createElement("time");
-      const t = new Date();
-      when.setAttribute("datetime", t.toISOString());
-      when.textContent = t.toLocaleTimeString();
-      const l = document.createElement("span"); l.className = "lvl"; l.textContent = lvl;
-      const m = document.createElement("span"); m.className = "msg"; m.textContent = event.message;
-      li.append(when, " ", l, " ", m);
-      list.appendChild(li);
-      while (list.children.length > 2000) list.firstElementChild.remove();
-      $("logs-empty").hidden = true;
-      if (follow && follow.checked && !list.closest("[hidden]")) li.scrollIntoView({ block: "nearest" });
-    };
-  }
-
-  function setupCheckpoints() {
-    const table = $("checkpoints");
-    if (!table) return () => {};
-    return (event) => {
-      const body = table.tBodies[0];
-      if (body.querySelector(`tr[data-seq="${event.seq}"]`)) return;
-      const tr = document.createElement("tr");
-      tr.dataset.seq = String(event.seq);
-      const kb = event.bytes >= 1 << 30 ? (event.bytes / (1 << 30)).toFixed(1) + " GB"
-        : event.bytes >= 1 << 20 ? (event.bytes / (1 << 20)).toFixed(1) + " MB" : Math.round(event.bytes / 1024) + " KB";
-      const cells = [String(event.step), null, kb, new Date().toLocaleString()];
-      cells.forEach((text, i) => {
-        const td = document.createElement("td");
-        if (i === 1) { const code = document.createElement("code"); code.textContent = event.path; td.append(code); }
-        else td.textContent = text;
-        if (i === 3) td.className = "hide-narrow";
-        tr.append(td);
-      });
-      body.append(tr);
-      table.hidden = false;
-      $("checkpoints-empty").hidden = true;
-      const count = $("checkpoint-count");
-      if (count) count.textContent = String(body.rows.length);
-    };
-  }
-
-  // --- copy a share link -------------------------------------------------------------------
-  document.addEventListener("click", async (e) => {
-    const button = e.target.closest(".copy-share");
-    if (!button) return;
-    const url = location.origin + button.dataset.path;
-    try {
-      await navigator.clipboard.writeText(url);
-      button.textContent = "Copied";
-    } catch (err) {
-      window.prompt("Copy this link:", url);
+// --- tabs (WAI-ARIA tabs: arrows move, Home/End jump; the URL hash remembers the tab) -------
+function setupTabs() {
+  const list = $("run-tabs");
+  if (!list) return;
+  const tabs = [...list.querySelectorAll("[role=tab]")];
+  const select = (tab, focus) => {
+    for (const t of tabs) {
+      const on = t === tab;
+      t.setAttribute("aria-selected", on ? "true" : "false");
+      t.tabIndex = on ? 0 : -1;
+      $(t.getAttribute("aria-controls")).hidden = !on;
     }
-    setTimeout(() => { button.textContent = "Copy"; }, 2000);
+    if (focus) tab.focus();
+    const name = tab.id.replace(/^tab-/, "");
+    history.replaceState(null, "", name === "charts" ? location.pathname + location.search : "#" + name);
+    window.dispatchEvent(new Event("resize"));
+  };
+  tabs.forEach((tab, i) => {
+    tab.addEventListener("click", () => select(tab, false));
+    tab.addEventListener("keydown", (e) => {
+      let j = null;
+      if (e.key === "ArrowRight") j = (i + 1) % tabs.length;
+      else if (e.key === "ArrowLeft") j = (i - 1 + tabs.length) % tabs.length;
+      else if (e.key === "Home") j = 0;
+      else if (e.key === "End") j = tabs.length - 1;
+      if (j !== null) { e.preventDefault(); select(tabs[j], true); }
+    });
   });
+  const wanted = location.hash && $("tab-" + location.hash.slice(1));
+  if (wanted) select(wanted, false);
+}
 
-  // --- start -----------------------------------------------------------------------------------
-  async function start() {
-    const data = JSON.parse($("run-data").textContent);
-    const C = window.TributaryCharts;
-    setupTabs();
-    const grid = new C.ChartGrid($("charts"), [{ id: data.run.id, name: data.run.name }], {
-      stateEl: $("charts-state"), pickerEl: $("panel-picker-list"),
-    });
-    window.tributaryCharts = grid; // for the browser tests: grid.pointCount(), grid.panels
-    C.bindControls(grid);
-    const show = header(data, grid);
-    const appendLog = setupLogs();
-    const addCheckpoint = setupCheckpoints();
-    const liveState = $("live-state");
-    show.tick();
-
-    // History first (downsampled), from the cursor the run had when we asked; then the socket
-    // replays everything after that cursor (a point the history already holds is skipped).
-    let afterSeq = data.run.last_seq;
-    try {
-      if (!data.run.is_final) {
-        const res = await fetch(data.api, { credentials: "same-origin" });
-        if (res.ok) {
-          const fresh = await res.json();
-          afterSeq = fresh.last_seq;
-          show.status(fresh.status, fresh.status_message);
-          show.step(fresh.last_step);
+// --- header --------------------------------------------------------------------------------
+function header(data, grid) {
+  const run = data.run;
+  const { isTerminal } = contracts();
+  const badge = $("run-status"), alert = $("run-alert"), stepEl = $("run-step");
+  const show = {
+    status(status, message) {
+      if (status) {
+        run.status = status;
+        badge.textContent = status;
+        badge.className = "badge " + (data.badges[status] || "secondary");
+        badge.dataset.status = status;
+        run.is_final = isTerminal(status);
+        if (run.is_final) {
+          for (const el of document.querySelectorAll("[data-when=active]")) el.hidden = true;
+          if (!run.finished_at) run.finished_at = Date.now() / 1000;
         }
       }
-      // The first panel's series alone, drawn at once; then everything else.
-      const first = grid.firstPanelNames(data.metric_names);
-      if (first.length && first.length < data.metric_names.length) {
-        grid.loadHistory(0, await C.fetchSeries(data.api, 1000, { names: first }));
-        grid.schedule();
+      if (message !== undefined && message !== null) {
+        run.message = message;
+        alert.textContent = message;
+        alert.dataset.message = message;
+        alert.hidden = !message;
+        alert.classList.toggle("error", run.status === "failed" || run.status === "lost");
       }
-      grid.loadHistory(0, await C.fetchSeries(data.api, 1000, { exclude: first }));
-      grid.setMessage("");
-    } catch (err) {
-      grid.setMessage("Could not load the metrics history: " + err.message);
-    }
-    grid.loaded = true;
-    grid.schedule();
-    document.body.dataset.historyLoaded = "true";
-    if (data.run.is_final) return; // a finished run: the same charts, no socket
+      this.tick();
+    },
+    step(step) {
+      if (typeof step === "number" && step > run.last_step) {
+        run.last_step = step;
+        stepEl.textContent = String(step);
+        stepEl.dataset.step = String(step);
+      }
+    },
+    tick() {
+      const elapsed = $("run-elapsed"), eta = $("run-eta");
+      if (run.started_at) {
+        const end = run.is_final && run.finished_at ? run.finished_at : Date.now() / 1000;
+        elapsed.textContent = formatDuration(end - run.started_at);
+        const started = $("run-started");
+        if (started && !started.querySelector("time")) started.replaceChildren(timeElement(run.started_at));
+      }
+      const rate = grid.stepRate(0);
+      if (!run.is_final && run.total_steps && rate) {
+        eta.textContent = formatDuration((run.total_steps - run.last_step) / rate);
+        eta.title = `${rate.toFixed(3)} steps/s`;
+      } else {
+        eta.textContent = MISSING;
+      }
+    },
+  };
+  setInterval(() => show.tick(), 1000);
+  return show;
+}
 
-    const client = new window.TributaryLive.LiveClient({
-      path: data.socket,
-      afterSeq,
-      share: data.share,
-      finalStatuses: data.final_statuses,
-      handlers: {
-        hello: (m) => {
-          show.status(m.status, m.message);
-          show.step(m.last_step);
-          if (m.started_at) data.run.started_at = m.started_at;
-          if (m.finished_at) data.run.finished_at = m.finished_at;
-          if (m.worker_host) $("run-worker").textContent = m.worker_host;
-        },
-        metrics: (e) => { grid.addPoints(0, e.step, e.time, e.values || {}); show.step(e.step); },
-        status: (m) => {
-          // Either an event {state, message} or a status message {status, message, ...}.
-          show.status(m.status || m.state, m.message);
-          if (typeof m.last_step === "number") show.step(m.last_step);
-          if (m.worker_host) $("run-worker").textContent = m.worker_host;
-          if (m.started_at) data.run.started_at = m.started_at;
-          if (m.finished_at) data.run.finished_at = m.finished_at;
-        },
-        log: appendLog,
-        checkpoint: addCheckpoint,
-        error: (m) => grid.setMessage(m.message || "The live connection was refused."),
-        state: (name, detail) => {
-          if (!liveState) return;
-          liveState.dataset.state = name;
-          liveState.textContent = name === "open" ? "live" : name === "waiting" ? `reconnecting in ${detail}s`
-            : name === "closed" ? "" : name + "…";
-        },
-      },
-    });
-    window.tributaryLive = client;
-    client.connect();
+// --- logs and checkpoints ---------------------------------------------------------------
+function setupLogs() {
+  const list = $("logs"), level = $("log-level"), follow = $("log-follow");
+  if (!list) return () => {};
+  level.addEventListener("change", () => { list.dataset.level = level.value; });
+  let maxSeq = 0;
+  for (const li of list.children) maxSeq = Math.max(maxSeq, Number(li.dataset.seq));
+  return (event) => {
+    if (event.seq <= maxSeq) return;
+    maxSeq = event.seq;
+    const li = document.createElement("li");
+    const lvl = LEVELS.includes(event.level) ? event.level : "info";
+    li.dataset.seq = String(event.seq);
+    li.dataset.level = lvl;
+    li.className = "log-" + lvl;
+    const when = timeElement(new Date(), formatClock);
+    const l = document.createElement("span"); l.className = "lvl"; l.textContent = lvl;
+    const m = document.createElement("span"); m.className = "msg"; m.textContent = event.message;
+    li.append(when, " ", l, " ", m);
+    list.appendChild(li);
+    while (list.children.length > 2000) list.firstElementChild.remove();
+    $("logs-empty").hidden = true;
+    if (follow && follow.checked && !list.closest("[hidden]")) li.scrollIntoView({ block: "nearest" });
+  };
+}
+
+function setupCheckpoints() {
+  const table = $("checkpoints");
+  if (!table) return () => {};
+  return (event) => {
+    const body = table.tBodies[0];
+    if (body.querySelector(`tr[data-seq="${event.seq}"]`)) return;
+    const tr = document.createElement("tr");
+    tr.dataset.seq = String(event.seq);
+    const cell = (...content) => { const td = document.createElement("td"); td.append(...content); tr.append(td); return td; };
+    const path = document.createElement("code");
+    path.textContent = event.path;
+    cell(String(event.step));
+    cell(path);
+    cell(formatBytes(event.bytes));
+    cell(timeElement(new Date())).className = "hide-narrow";
+    body.append(tr);
+    table.hidden = false;
+    $("checkpoints-empty").hidden = true;
+    const count = $("checkpoint-count");
+    if (count) count.textContent = String(body.rows.length);
+  };
+}
+
+// --- copy a share link -------------------------------------------------------------------
+document.addEventListener("click", async (e) => {
+  const button = e.target.closest(".copy-share");
+  if (!button) return;
+  const url = location.origin + button.dataset.path;
+  try {
+    await navigator.clipboard.writeText(url);
+    button.textContent = "Copied";
+  } catch (err) {
+    window.prompt("Copy this link:", url);
   }
+  setTimeout(() => { button.textContent = "Copy"; }, 2000);
+});
 
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
-  else start();
-})();
+// --- start -----------------------------------------------------------------------------------
+async function start() {
+  const data = JSON.parse($("run-data").textContent);
+  setupTabs();
+  const grid = new ChartGrid($("charts"), [{ id: data.run.id, name: data.run.name }], {
+    stateEl: $("charts-state"), pickerEl: $("panel-picker-list"),
+  });
+  window.tributaryCharts = grid; // for the browser tests: grid.pointCount(), grid.panels
+  bindControls(grid);
+  const show = header(data, grid);
+  const appendLog = setupLogs();
+  const addCheckpoint = setupCheckpoints();
+  const liveState = $("live-state");
+  show.tick();
+
+  // History first (downsampled), from the cursor the run had when we asked; then the socket
+  // replays everything after that cursor (a point the history already holds is skipped).
+  let afterSeq = data.run.last_seq;
+  try {
+    if (!data.run.is_final) {
+      const res = await fetch(data.api, { credentials: "same-origin" });
+      if (res.ok) {
+        const fresh = await res.json();
+        afterSeq = fresh.last_seq;
+        show.status(fresh.status, fresh.status_message);
+        show.step(fresh.last_step);
+      }
+    }
+    // The first panel's series alone, drawn at once; then everything else.
+    const first = grid.firstPanelNames(data.metric_names);
+    if (first.length && first.length < data.metric_names.length) {
+      grid.loadHistory(0, await fetchSeries(data.api, 1000, { names: first }));
+      grid.schedule();
+    }
+    grid.loadHistory(0, await fetchSeries(data.api, 1000, { exclude: first }));
+    grid.setMessage("");
+  } catch (err) {
+    grid.setMessage("Could not load the metrics history: " + err.message);
+  }
+  grid.loaded = true;
+  grid.schedule();
+  document.body.dataset.historyLoaded = "true";
+  if (data.run.is_final) return; // a finished run: the same charts, no socket
+
+  const client = new LiveSocket({
+    path: data.socket,
+    afterSeq,
+    share: data.share,
+    stopOnFinal: true,
+    handlers: {
+      hello: (m) => {
+        show.status(m.status, m.message);
+        show.step(m.last_step);
+        if (m.started_at) data.run.started_at = m.started_at;
+        if (m.finished_at) data.run.finished_at = m.finished_at;
+        if (m.worker_host) $("run-worker").textContent = m.worker_host;
+      },
+      metrics: (e) => { grid.addPoints(0, e.step, e.time, e.values || {}); show.step(e.step); },
+      status: (m) => {
+        // Either an event {state, message} or a status message {status, message, ...}.
+        show.status(m.status || m.state, m.message);
+        if (typeof m.last_step === "number") show.step(m.last_step);
+        if (m.worker_host) $("run-worker").textContent = m.worker_host;
+        if (m.started_at) data.run.started_at = m.started_at;
+        if (m.finished_at) data.run.finished_at = m.finished_at;
+      },
+      log: appendLog,
+      checkpoint: addCheckpoint,
+      error: (m) => grid.setMessage(m.message || "The live connection was refused."),
+      state: (name, detail) => {
+        if (!liveState) return;
+        liveState.dataset.state = name;
+        liveState.textContent = name === "open" ? "live" : name === "waiting" ? `reconnecting in ${detail}s`
+          : name === "closed" ? "" : name + "…";
+      },
+    },
+  });
+  window.tributaryLive = client; // for the browser tests and bench/ui.py
+  client.connect();
+}
+
+start();

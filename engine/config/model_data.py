@@ -1,0 +1,99 @@
+"""What a run trains: the model (``model``) and the prompts (``data``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from engine.config.section import Section
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        "starter",
+        title="Model",
+        description="Local directory of a causal LM and its tokenizer (transformers format), or "
+        "'starter' for the built-in starter policy of the built-in task (built locally on first use).",
+        min_length=1,
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        title="Parameter dtype",
+        description="Training precision. Use float32 on CPUs without bf16 support (bf16 is ~30x slower there).",
+    )
+    gradient_checkpointing: bool = Field(
+        False, title="Gradient checkpointing", description="Trade compute for activation memory."
+    )
+
+
+class FieldMapping(Section):
+    prompt: str = Field("prompt", title="Prompt field", description="Column holding the prompt text.")
+    answer: str | None = Field(
+        "answer", title="Answer field", description="Column holding the reference answer (None if unused)."
+    )
+    metadata: list[str] = Field(
+        default_factory=list, title="Metadata fields", description="Columns passed to reward functions."
+    )
+
+
+class DataConfig(Section):
+    source: Literal["builtin", "jsonl", "parquet", "disk"] = Field(
+        "builtin",
+        title="Prompt source",
+        description="A built-in verifiable task, a JSONL or Parquet file, or a dataset saved with "
+        "datasets.save_to_disk.",
+    )
+    task: Literal["arithmetic", "countdown"] = Field(
+        "arithmetic", title="Built-in task", description="Used when source is 'builtin'."
+    )
+    difficulty: int = Field(
+        1, ge=1, le=5, title="Difficulty", description="Built-in task difficulty (1 = easiest)."
+    )
+    train_size: int = Field(
+        50_000,
+        ge=1,
+        title="Train prompts",
+        description="Number of generated training prompts (built-in tasks).",
+    )
+    eval_size: int = Field(
+        256, ge=0, title="Eval prompts", description="Held-out prompts for evaluation (0 disables eval)."
+    )
+    path: str | None = Field(
+        None, title="Train file", description="Path of the JSONL/Parquet file or dataset dir."
+    )
+    eval_path: str | None = Field(
+        None,
+        title="Eval file",
+        description="Held-out file/dir; if unset, eval_size prompts are held out of path.",
+    )
+    split: str | None = Field(
+        None, title="Split", description="Split to use from a DatasetDict saved to disk."
+    )
+    fields: FieldMapping = Field(default_factory=FieldMapping, title="Field mapping")
+    prompt_template: str = Field(
+        "{prompt}",
+        title="Prompt template",
+        description="Python format string applied to the prompt before the chat template; may use {prompt}.",
+    )
+    system_prompt: str | None = Field(None, title="System prompt", description="Used with chat templates.")
+    chat_template: Literal["auto", "none"] = Field(
+        "auto",
+        title="Chat template",
+        description="'auto' applies the tokenizer's chat template when it has one; 'none' uses raw text.",
+    )
+    max_prompt_length: int = Field(
+        256,
+        ge=1,
+        title="Max prompt tokens",
+        description="Longer prompts are skipped (and counted in a metric).",
+    )
+    shuffle: bool = Field(True, title="Shuffle", description="Shuffle the training prompts each epoch.")
+
+    @model_validator(mode="after")
+    def _path_for_files(self) -> DataConfig:
+        if self.source != "builtin" and not self.path:
+            raise ValueError(
+                f"data.path: required when data.source is '{self.source}'; set it to the file or directory"
+            )
+        return self

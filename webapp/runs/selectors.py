@@ -1,0 +1,383 @@
+"""The reads both the JSON API and the pages make: plain functions of a run (or a project,
+a user) the caller may already see, returning querysets, rows or plain data.
+
+Who may see what is decided before (``webapp.teams.access``, or a share token); how the API
+shows the results is ``webapp.api.serializers``; the pages render them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Sequence
+from typing import Any
+
+from django.db import connections
+from django.db.models import (
+    Avg,
+    Count,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    Func,
+    IntegerField,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+)
+from django.db.models.functions import Floor, Greatest, Least
+
+from webapp.runs.choices import LogLevel, RunStatus
+from webapp.runs.models import LogLine, MetricPoint, Run, Sample, ShareLink
+
+# --- runs --------------------------------------------------------------------------------
+
+RUN_SORTS = {
+    "created_at": ("created_at", "id"),
+    "-created_at": ("-created_at", "-id"),
+    "name": ("name", "-id"),
+    "-name": ("-name", "-id"),
+    "status": ("status", "-created_at", "-id"),
+    "-status": ("-status", "-created_at", "-id"),
+    "last_step": ("last_step", "-id"),
+    "-last_step": ("-last_step", "-id"),
+}
+
+
+def runs_visible_to(user: Any) -> QuerySet[Run]:
+    """The runs of the teams ``user`` has a role in."""
+    return Run.objects.filter(project__team__memberships__user=user)
+
+
+def run_with_details(run: Run) -> Run:
+    """The run again, with what its page shows beside it: project, team, creator, parent, the
+    checkpoint it resumes from and ``checkpoint_count``, in one query."""
+    return (
+        Run.objects.select_related("project__team", "created_by", "parent", "resume_from")
+        .annotate(checkpoint_count=Count("checkpoints", distinct=True))
+        .get(pk=run.pk)
+    )
+
+
+def run_children(run: Run) -> QuerySet[Run]:
+    """The runs forked or resumed from ``run``, oldest first."""
+    return run.children.order_by("created_at", "id").only("id", "name", "status", "parent_kind")
+
+
+def run_counts(project_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Runs by status of each project, in one query."""
+    counts: dict[int, dict[str, int]] = {pk: dict.fromkeys(RunStatus.values, 0) for pk in project_ids}
+    rows = (
+        Run.objects.filter(project_id__in=project_ids)
+        .values_list("project_id", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for project_id, status, n in rows:
+        counts[project_id][status] = n
+    return counts
+
+
+def filter_runs(
+    qs: QuerySet[Run],
+    *,
+    statuses: list[str],
+    tags: list[str],
+    q: str,
+    created_by: Any | None,
+) -> QuerySet[Run]:
+    if statuses:
+        qs = qs.filter(status__in=statuses)
+    for tag in tags:
+        qs = with_tag(qs, tag)
+    if q:
+        qs = qs.filter(Q(name__icontains=q) | Q(notes__icontains=q))
+    if created_by is not None:
+        qs = qs.filter(created_by=created_by)
+    return qs
+
+
+def with_tag(qs: QuerySet[Run], tag: str) -> QuerySet[Run]:
+    """Runs whose ``tags`` list holds ``tag`` (JSON containment on PostgreSQL, json_each on SQLite)."""
+    if connections[qs.db].vendor == "postgresql":
+        return qs.filter(tags__contains=[tag])
+    table = Run._meta.db_table
+    return qs.extra(
+        where=[f'EXISTS (SELECT 1 FROM json_each("{table}"."tags") AS t WHERE t.value = %s)'],
+        params=[tag],
+    )
+
+
+# --- logs ----------------------------------------------------------------------------------
+
+LEVEL_ORDER = [LogLevel.DEBUG, LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR]
+
+
+def log_lines(run: Run, *, after_seq: int = 0, level: str | None = None) -> QuerySet[LogLine]:
+    """The run's log lines after ``after_seq`` at ``level`` or above, in seq order."""
+    qs = LogLine.objects.filter(run=run, seq__gt=after_seq)
+    if level:
+        qs = qs.filter(level__in=LEVEL_ORDER[LEVEL_ORDER.index(LogLevel(level)) :])
+    return qs.order_by("seq")
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def metric_names(run: Run) -> list[dict[str, Any]]:
+    """Each metric the run logged: how many points, the step range, the value at the last step."""
+    last_value = (
+        MetricPoint.objects.filter(run=OuterRef("run"), name=OuterRef("name"))
+        .order_by("-step")
+        .values("value")[:1]
+    )
+    rows = (
+        MetricPoint.objects.filter(run=run)
+        .values("run", "name")
+        .annotate(
+            count=Count("id"), first_step=Min("step"), last_step=Max("step"), last_value=Subquery(last_value)
+        )
+        .order_by("name")
+    )
+    return [{k: v for k, v in row.items() if k != "run"} for row in rows]
+
+
+def metric_name_list(run: Run) -> list[str]:
+    """The names of the run's metrics, sorted: one index probe per name.
+
+    A loose index scan over the unique index (run, name, step): each query asks for the first
+    name after the previous one, so 30 metrics of 10,000 points cost 31 index lookups instead
+    of reading 300,000 index entries (what ``DISTINCT`` does on both SQLite and PostgreSQL).
+    """
+    names: list[str] = []
+    points = MetricPoint.objects.filter(run=run).order_by("name").values_list("name", flat=True)
+    while True:
+        following = points.filter(name__gt=names[-1]) if names else points
+        name = following.first()
+        if name is None:
+            return names
+        names.append(name)
+
+
+class Epoch(Func):
+    """Unix time in seconds (float) of a datetime column, on PostgreSQL and SQLite."""
+
+    output_field = FloatField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(
+            compiler, connection, template="EXTRACT(EPOCH FROM %(expressions)s)::float8", **extra
+        )
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # Django stores aware datetimes in SQLite as UTC text, which julianday() reads.
+        return self.as_sql(
+            compiler, connection, template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)", **extra
+        )
+
+
+def metric_series(
+    run: Run,
+    names: list[str],
+    *,
+    exclude: Sequence[str] = (),
+    max_points: int,
+    after_step: int | None,
+    x: str,
+) -> list[dict[str, Any]]:
+    """Each named series in step order, downsampled in the database beyond ``max_points``.
+
+    Downsampling keeps the first and the last point as they are and puts the points between
+    them into at most ``max_points - 2`` buckets of equal width along ``x`` (steps, or seconds
+    of wall-clock time). A bucket reports its first step and time, the mean value, and the
+    minimum and maximum (so a chart can draw the band the mean hides). With ``x=step`` a
+    point at step s falls in bucket ``(s - first - 1) // width`` where
+    ``width = ceil((last - first - 1) / (max_points - 2))``.
+    """
+    base = MetricPoint.objects.filter(run=run)
+    if after_step is not None:
+        base = base.filter(step__gt=after_step)
+    every_name = not names
+    if every_name:
+        names = metric_name_list(run)
+    if exclude:
+        names = [n for n in names if n not in set(exclude)]
+    if not names:
+        return []
+    stats = {
+        row["name"]: row
+        for row in base.filter(name__in=names)
+        .values("name")
+        .annotate(n=Count("id"), lo=Min("step"), hi=Max("step"))
+        .order_by()
+    }
+    if every_name:  # only the metrics with points in range (after ``after_step``)
+        names = [n for n in names if n in stats]
+    out = []
+    for name in names:
+        st = stats.get(name)
+        points = base.filter(name=name)
+        if st is None:
+            out.append(_series(name, 0, [], None))
+        elif st["n"] <= max_points:
+            rows = points.order_by("step").values_list("step", "value", "time")
+            out.append(_series(name, st["n"], [(s, v, t.timestamp(), None, None) for s, v, t in rows], None))
+        else:
+            rows, width = _downsampled(points, st["lo"], st["hi"], max_points, x)
+            out.append(_series(name, st["n"], rows, width))
+    return out
+
+
+def _series(name: str, total: int, rows: list[tuple[Any, ...]], width: float | None) -> dict[str, Any]:
+    downsampled = width is not None
+    return {
+        "name": name,
+        "total": total,
+        "downsampled": downsampled,
+        "bucket_width": width,
+        "step": [r[0] for r in rows],
+        "value": [r[1] for r in rows],
+        "time": [r[2] for r in rows],
+        "min": [r[3] for r in rows] if downsampled else None,
+        "max": [r[4] for r in rows] if downsampled else None,
+    }
+
+
+def _downsampled(
+    points: QuerySet[MetricPoint], lo: int, hi: int, max_points: int, x: str
+) -> tuple[list[tuple[Any, ...]], float]:
+    first = points.filter(step=lo).values_list("step", "value", "time").get()
+    last = points.filter(step=hi).values_list("step", "value", "time").get()
+    inner = points.filter(step__gt=lo, step__lt=hi)
+    buckets = max_points - 2
+    t_lo, t_hi = first[2].timestamp(), last[2].timestamp()
+    if x == "time" and t_hi > t_lo:
+        width: float = (t_hi - t_lo) / buckets
+        # Clamped: a point whose time lies outside the first..last range joins the edge bucket.
+        bucket: Any = Least(
+            Greatest(Floor((Epoch("time") - Value(t_lo)) / Value(width)), Value(0.0)),
+            Value(float(buckets - 1)),
+        )
+    else:
+        width = max(1, math.ceil((hi - lo - 1) / buckets))
+        # Integer division on both databases: an integer column by an integer.
+        bucket = ExpressionWrapper(
+            (F("step") - Value(lo + 1)) / Value(int(width)), output_field=IntegerField()
+        )
+    rows = (
+        inner.annotate(bucket=bucket)
+        .values("bucket")
+        .annotate(s=Min("step"), v=Avg("value"), lo_v=Min("value"), hi_v=Max("value"), t=Min("time"))
+        .order_by("bucket")
+        .values_list("s", "v", "t", "lo_v", "hi_v")
+    )
+    body = [(s, v, t.timestamp(), mn, mx) for s, v, t, mn, mx in rows]
+    body.sort(key=lambda r: r[0])
+    ends = [(p[0], p[1], p[2].timestamp(), p[1], p[1]) for p in (first, last)]
+    return [ends[0], *body, ends[1]], float(width)
+
+
+CSV_CHUNK_ROWS = 2000
+"""Rows per database fetch and per piece of the CSV response: what the web process holds of
+an export at a time, whatever its length (a few hundred kB)."""
+
+
+def metric_csv_rows(run: Run, names: list[str], fmt: str) -> Generator[list[Any], None, None]:
+    """The run's metrics as CSV rows, header first, read from a database cursor
+    ``CSV_CHUNK_ROWS`` at a time (bounded memory, whatever the export's length).
+
+    ``wide``: a ``step`` column and one column per metric (empty where a metric has no value
+    at that step); ``names`` (default: all) picks and orders the columns. ``long``:
+    ``step,name,value,time`` (time in ISO 8601, UTC). Values are written with ``repr`` so they
+    read back as exactly the stored floats. Closing the generator closes the cursor."""
+    qs = MetricPoint.objects.filter(run=run)
+    if names:
+        qs = qs.filter(name__in=names)
+    else:
+        names = list(qs.values_list("name", flat=True).distinct().order_by("name"))
+    return _wide_rows(qs, names) if fmt == "wide" else _long_rows(qs)
+
+
+def _long_rows(qs: QuerySet[MetricPoint]) -> Generator[list[Any], None, None]:
+    yield ["step", "name", "value", "time"]
+    points = (
+        qs.order_by("name", "step")
+        .values_list("step", "name", "value", "time")
+        .iterator(chunk_size=CSV_CHUNK_ROWS)
+    )
+    try:
+        for step, name, value, time in points:
+            yield [step, name, repr(value), time.isoformat()]
+    finally:
+        points.close()  # the cursor, now, not when the generator is collected
+
+
+def _wide_rows(qs: QuerySet[MetricPoint], names: list[str]) -> Generator[list[Any], None, None]:
+    yield ["step", *names]
+    column = {name: i for i, name in enumerate(names)}
+    current: int | None = None
+    row: list[str] = []
+    points = (
+        qs.order_by("step", "name").values_list("step", "name", "value").iterator(chunk_size=CSV_CHUNK_ROWS)
+    )
+    try:
+        for step, name, value in points:
+            if step != current:
+                if current is not None:
+                    yield [current, *row]
+                current, row = step, [""] * len(names)
+            row[column[name]] = repr(value)
+    finally:
+        points.close()
+    if current is not None:
+        yield [current, *row]
+
+
+# --- samples -------------------------------------------------------------------------------
+
+SAMPLE_SORTS = {
+    "step": (F("step").asc(), F("seq").asc(), F("index").asc()),
+    "-step": (F("step").desc(), F("seq").desc(), F("index").asc()),
+    "reward": (F("reward").asc(nulls_last=True), F("step").asc(), F("seq").asc(), F("index").asc()),
+    "-reward": (F("reward").desc(nulls_last=True), F("step").asc(), F("seq").asc(), F("index").asc()),
+    "length": (F("length").asc(), F("step").asc(), F("seq").asc(), F("index").asc()),
+    "-length": (F("length").desc(), F("step").asc(), F("seq").asc(), F("index").asc()),
+}
+
+
+def samples(run: Run, *, q: str = "", step: int | None = None) -> QuerySet[Sample]:
+    """The run's samples, at ``step`` if given, whose prompt or completion holds ``q``
+    (case-insensitive; trigram indexes serve it on PostgreSQL)."""
+    qs = Sample.objects.filter(run=run)
+    if step is not None:
+        qs = qs.filter(step=step)
+    if q:
+        qs = qs.filter(Q(prompt__icontains=q) | Q(completion__icontains=q))
+    return qs
+
+
+def latest_sample_step(run: Run) -> int | None:
+    """The last step that has samples (None: none yet)."""
+    return Sample.objects.filter(run=run).aggregate(latest=Max("step"))["latest"]
+
+
+def sample_steps(run: Run) -> list[dict[str, Any]]:
+    return [
+        {"step": step, "count": count}
+        for step, count in Sample.objects.filter(run=run)
+        .values("step")
+        .annotate(count=Count("id"))
+        .order_by("step")
+        .values_list("step", "count")
+    ]
+
+
+# --- share links -----------------------------------------------------------------------------
+
+
+def share_links(run: Run) -> QuerySet[ShareLink]:
+    """The run's share links, active and revoked, newest first, with who made each."""
+    return run.share_links.select_related("created_by")

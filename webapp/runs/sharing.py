@@ -1,0 +1,21 @@
+"""Revoking a share link: the token stops working, and sockets already open with it close."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from webapp.live import announce
+from webapp.live.groups import share_group
+from webapp.runs.models import Run, ShareLink
+
+
+def revoke_share_link(run: Run, link_id: int) -> bool:
+    """Revoke the run's link ``link_id`` (False: the run has no such link). Revoking twice is
+    harmless. Sockets already open with it close once the revocation commits, not only new
+    connections."""
+    link = ShareLink.objects.filter(pk=link_id, run=run).first()
+    if link is None:
+        return False
+    if ShareLink.objects.filter(pk=link.pk, revoked_at=None).update(revoked_at=timezone.now()):
+        announce.access_changed(share_group(link.pk), "the share link was revoked")
+    return True
