@@ -38,17 +38,25 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # (which create a secret key there), so tests never write to the user's own data directory.
 test: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
 
-test: install lint browser
+test: install lint test-js browser
 	$(PY) -m pytest -q
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q tests/webapp
 
-# The quick lane while working: ruff and every test not marked slow (the learning, starter and
-# end-to-end tests), on SQLite and the in-memory channel layer only. `make test` stays the CI command.
+# The quick lane while working: ruff and every test not marked slow (learning, DeepSpeed, vLLM,
+# end-to-end deployments, and what needs the starter policy, which a fresh data directory builds
+# first), on SQLite and the in-memory channel layer only. `make test` stays the CI command.
 .PHONY: test-fast
 test-fast: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
 
-test-fast: install lint
+test-fast: install lint test-js
 	$(PY) -m pytest -q -m "not slow"
+
+# The unit tests of the pages' pure modules (formatting, series store, contracts, socket client),
+# with Node's own test runner: no npm package, no build step (one test reads engine/contracts.py
+# through the venv's Python).
+.PHONY: test-js
+test-js: install
+	node --test tests/js/
 
 # The whole platform on this machine (manage.py serve): SQLite, the in-memory channel layer and a
 # file broker in the data directory (TRIBUTARY_DATA_DIR, default ~/.cache/tributary), the web

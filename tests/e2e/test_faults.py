@@ -1,13 +1,15 @@
 """Fault tests through real processes: the web app killed and restarted mid-run, and the
-worker killed mid-run. The engine's own event log is the source of truth: afterwards the
-events the web app stored are compared with it seq by seq (none missing, none twice), and a
-browser following the run over its socket got every metric once, in order."""
+worker killed mid-run, then its run resumed on the same machine. The engine's own event log is
+the source of truth: afterwards the events the web app stored are compared with it seq by seq
+(none missing, none twice), and a browser following the run over its socket got every metric
+once, in order."""
 
 from __future__ import annotations
 
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,8 +49,17 @@ def test_a_web_app_restart_mid_run_loses_nothing(deployment, tiny_model_dir: Pat
     assert [e["seq"] for e in browser.events if e["type"] == "metrics"] == want_metrics
 
 
-def test_a_killed_worker_is_lost_then_resumed_elsewhere(deployment, tiny_model_dir: Path) -> None:
-    d = deployment(LOST_AFTER="5", SWEEP_EVERY="1")
+def test_a_killed_worker_is_lost_then_resumed_from_the_engines_last_checkpoint(
+    deployment, tiny_model_dir: Path
+) -> None:
+    """The killed worker's engine is told by its launcher (PR_SET_PDEATHSIG) to stop: it finishes
+    its step, checkpoints and writes its final status, but nobody ships those events. The resume
+    must find them: the lost run's stored events become its engine's whole log, and the child
+    starts from that last checkpoint (numbered after its step), not from an older one the web
+    app knew."""
+    # LOST_AFTER: short, so the killed run is lost soon, yet long enough that the child, whose
+    # engine may be slow to start on a loaded machine, is not (a starting run gets 10 x LOST_AFTER).
+    d = deployment(LOST_AFTER="10", SWEEP_EVERY="1")
     ids = d.setup()
     d.start_web()
     first = d.start_worker()
@@ -59,27 +70,44 @@ def test_a_killed_worker_is_lost_then_resumed_elsewhere(deployment, tiny_model_d
     wait_until(lambda: d.api("GET", f"/runs/{run_id}/checkpoints"), "a checkpoint stored", every=0.3)
     os.killpg(first.pid, signal.SIGKILL)  # the worker and its whole process group: no goodbye
     first.wait(timeout=30)
-    run = d.wait_status(run_id, "lost")
-    assert "no word from worker" in run["status_message"]
+    lost = d.wait_status(run_id, "lost")
+    assert "no word from worker" in lost["status_message"]
 
     # What the web app stored is exactly the engine's log up to the stored cursor.
     log = d.engine_log(run_id)
-    assert run["last_seq"] <= log[-1]["seq"]
-    assert_stored_matches(d.stored(run_id), log, run["last_seq"])
+    assert lost["last_seq"] <= log[-1]["seq"]
+    assert_stored_matches(d.stored(run_id), log, lost["last_seq"])
 
-    # Resume on another worker: a child run numbering its own events from 1, starting from the
-    # newest checkpoint on disk (the orphaned engine checkpointed when its worker died, and
-    # keep_last pruned older ones, maybe the one the web app knows), so its series continue
-    # after the known checkpoint's step.
+    def engine_done() -> list[dict[str, Any]] | None:
+        log = d.engine_log(run_id)
+        return log if log[-1]["type"] == "status" and log[-1]["state"] in ("cancelled", "failed") else None
+
+    log = wait_until(engine_done, "the orphaned engine to checkpoint and stop")
+    last_checkpoint = [e for e in log if e["type"] == "checkpoint"][-1]
+    assert lost["last_seq"] < last_checkpoint["seq"], "the test needs a checkpoint the worker never shipped"
+    known = d.api("GET", f"/runs/{run_id}/checkpoints")[-1]
+    assert known["step"] < last_checkpoint["step"]
+
     d.api("PATCH", f"/runs/{run_id}", {"notes": "worker killed"})
     child_id = d.api("POST", f"/runs/{run_id}/resume", {})["id"]
-    # The resume first stored what the dead worker never shipped (the runs directory is on this
-    # machine): the newest checkpoint is now known, and the child starts from it.
-    checkpoint = d.api("GET", f"/runs/{run_id}/checkpoints")[-1]
+
+    # The lost run's stored events are now its engine's whole log (its refused final status is
+    # kept as a log line), its last checkpoint included (the runs directory is on this machine).
+    parent = d.run(run_id)
+    assert parent["status"] == "lost" and parent["last_seq"] == log[-1]["seq"]
+    assert_stored_matches(d.stored(run_id), log, log[-1]["seq"])
+    assert d.api("GET", f"/runs/{run_id}/checkpoints")[-1]["step"] == last_checkpoint["step"]
+    # Resumed on another worker: a child run numbering its own events from 1, starting from
+    # that checkpoint, so its series continue right after the checkpoint's step.
     child = d.run(child_id)
-    assert (child["last_seq"], child["last_step"]) == (0, checkpoint["step"])
+    assert child["resume_from"]["step"] == last_checkpoint["step"]
+    assert (child["last_seq"], child["last_step"]) == (0, last_checkpoint["step"])
     d.start_worker()
-    wait_until(lambda: d.run(child_id)["last_step"] >= checkpoint["step"] + 2, "the resumed run to train", every=0.3)
+    wait_until(
+        lambda: d.run(child_id)["last_step"] >= last_checkpoint["step"] + 2,
+        "the resumed run to train",
+        every=0.3,
+    )
     d.api("POST", f"/runs/{child_id}/cancel")
     child = d.wait_status(child_id, "cancelled")
     child_log = d.engine_log(child_id)
@@ -87,4 +115,5 @@ def test_a_killed_worker_is_lost_then_resumed_elsewhere(deployment, tiny_model_d
     assert child["last_seq"] == child_log[-1]["seq"]
     assert_stored_matches(d.stored(child_id), child_log, child["last_seq"])
     steps = [e["step"] for e in child_log if e["type"] == "metrics"]
-    assert steps and min(steps) > checkpoint["step"]
+    assert steps[0] == last_checkpoint["step"] + 1, (steps[:3], last_checkpoint)
+    assert min(steps) > last_checkpoint["step"], steps
