@@ -85,10 +85,16 @@ def test_the_checks_see_what_they_look_for() -> None:
 
 
 VALIDATE_IN_WEB_PROCESS = """
-import json, sys
+import importlib, json, pkgutil, sys
 import django
 django.setup()
+import webapp
 import webapp.asgi  # everything the web process loads: URLs, views, the API, the sockets
+# ... and every other module of the web app (commands, the embedded supervisor): the web image
+# installs no torch (docker/Dockerfile.web).
+for module in pkgutil.walk_packages(webapp.__path__, "webapp."):
+    if ".migrations" not in module.name:
+        importlib.import_module(module.name)
 from webapp.runs.services import validate_run_config
 config = json.loads(sys.argv[1])
 validated = validate_run_config(config)
