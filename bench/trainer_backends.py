@@ -10,7 +10,7 @@ log-probs, then ``update_policy`` (GRPO with the KL loss: 1 epoch of 2 mini-batc
 micro-batches of 8). The batch is the same for every backend: 16 prompts x n=8 responses
 of 64 tokens (random tokens, random advantages), built from a fixed seed. Each backend runs in
 a process of its own (the torch backend too, so each starts equally cold), with the same total
-of torch threads: the machine's cores, split between ranks as ``engine.launch`` does. After one
+of torch threads: the machine's cores, split between ranks as ``engine.ranks`` does. After one
 warm-up step, the median of ``--steps`` step times is reported, with the ratio torch / backend
 (higher is faster than the torch backend).
 
@@ -117,7 +117,7 @@ def worker(model_dir: Path, backend: str, ranks: int, steps: int, out: Path) -> 
 
 
 def measure(model_dir: Path, backend: str, ranks: int, steps: int) -> dict:
-    from engine.launch import launch_ranks
+    from engine.ranks import launch_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"

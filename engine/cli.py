@@ -132,10 +132,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "show":
         print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
         return EXIT_SUCCEEDED
-    from engine.launch import is_rank_process, launch_ranks, rank_info
+    from engine.ranks import is_rank_process, launch_ranks, rank_info
 
     if cfg.trainer.backend == "deepspeed" and cfg.trainer.num_ranks > 1 and not is_rank_process():
-        # N copies of this very command as the ranks of one job (engine/launch.py says why not torchrun).
+        # N copies of this very command as the ranks of one job (engine/ranks.py says why not torchrun).
         return launch_ranks([sys.executable, "-m", "engine", *args.argv], cfg.trainer.num_ranks)
     from engine.run import execute
 

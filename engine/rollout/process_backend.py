@@ -13,7 +13,7 @@ Why a second process:
 
 How: the child is ``python -m engine.rollout.process_backend FD``, started with ``subprocess`` (not
 ``multiprocessing``: no re-import of the parent's ``__main__``, and the same launch habits as
-``engine/launch.py``): its own session, so the supervisor's SIGTERM to the engine's process group
+``engine/ranks.py``): its own session, so the supervisor's SIGTERM to the engine's process group
 reaches only the engine, which checkpoints and closes the backend; ``PR_SET_PDEATHSIG``, so it dies with
 the engine even on SIGKILL; stdout sent to stderr, because the engine's stdout may be the event log.
 Requests and replies are pickled over a socket pair (``multiprocessing.connection.Connection``); every
@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from engine.launch import die_with_parent
+from engine.ranks import die_with_parent
 from engine.rollout.base import PromptCompletions, SamplingParams
 
 __all__ = ["BackendSpec", "ProcessRolloutBackend", "RolloutProcessError", "SharedWeights"]

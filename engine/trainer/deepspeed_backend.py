@@ -61,7 +61,7 @@ TAG = "state"
 
 
 def init_distributed(device_kind: str) -> None:
-    """Join the job ``engine.launch`` (or torchrun) started, reading RANK/WORLD_SIZE/MASTER_* from
+    """Join the job ``engine.ranks`` (or torchrun) started, reading RANK/WORLD_SIZE/MASTER_* from
     the environment; gloo on CPU (``DS_ACCELERATOR=cpu``, see MACHINE_NOTES), NCCL on GPUs, where
     each rank takes the visible GPU numbered by its ``LOCAL_RANK``."""
     if device_kind == "cpu":
@@ -74,7 +74,7 @@ def init_distributed(device_kind: str) -> None:
     ):
         os.environ.setdefault(key, default)
     if "MASTER_PORT" not in os.environ:
-        from engine.launch import free_port
+        from engine.ranks import free_port
 
         os.environ["MASTER_PORT"] = str(free_port())
     import deepspeed

@@ -1,7 +1,7 @@
 """The DeepSpeed ZeRO trainer backend on CPU: 2 real rank processes against the torch backend.
 
 Each stage (ZeRO-2, ZeRO-3) is one launch of this file as a 2-rank job through the engine's
-own launcher (``engine.launch.launch_ranks``): rank 0 drives ``DeepSpeedTrainer`` through
+own launcher (``engine.ranks.launch_ranks``): rank 0 drives ``DeepSpeedTrainer`` through
 three training steps on fixed batches (old and reference log-probs, two PPO epochs of two
 mini-batches, uneven micro-batches across ranks), checkpointing after step 1 with the
 engine's checkpoint writer; then a fresh trainer resumes from that checkpoint and redoes
@@ -151,7 +151,7 @@ def _rank_main(model_dir: Path, out_dir: Path, stage: int) -> None:
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
 def ds_run(request, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from engine.launch import launch_ranks
+    from engine.ranks import launch_ranks
 
     stage = request.param
     out = tmp_path_factory.mktemp(f"zero{stage}")

@@ -118,7 +118,7 @@ def _wait(procs: list[subprocess.Popen[bytes]]) -> int:
         failed = [c for c in codes[1:] if c not in (None, 0)]
         if failed:
             # A follower died: rank 0 would wait forever on its collectives.
-            print(f"engine launcher: a rank exited with code {failed[0]}; stopping the run", file=sys.stderr)
+            print(f"engine ranks: a rank exited with code {failed[0]}; stopping the run", file=sys.stderr)
             return 1 if codes[0] in (None, 0, 3) else codes[0]
         if codes[0] is not None:
             if all(c is not None for c in codes):
@@ -126,7 +126,7 @@ def _wait(procs: list[subprocess.Popen[bytes]]) -> int:
             deadline = deadline or time.monotonic() + (FOLLOWER_EXIT_GRACE_S if codes[0] in (0, 3) else 0.0)
             if time.monotonic() > deadline:
                 if codes[0] in (0, 3):
-                    print("engine launcher: ranks did not exit after rank 0; killed", file=sys.stderr)
+                    print("engine ranks: ranks did not exit after rank 0; killed", file=sys.stderr)
                 return _exit_code(codes[0])
         with contextlib.suppress(subprocess.TimeoutExpired, StopIteration):
             (leader if codes[0] is None else next(p for p in procs if p.poll() is None)).wait(timeout=0.2)
