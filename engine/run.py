@@ -229,7 +229,11 @@ def _train(
         )
         if state is not None:
             orchestrator.restore_in_flight(state.in_flight, splits.train)
-        sink.status("running", f"step {start_step} of {cfg.trainer.total_steps} on {device}")
+        # Only words that stay true while it trains: the step is the metrics' to tell.
+        sink.status(
+            "running",
+            f"resumed at step {start_step}, training on {device}" if start_step else f"training on {device}",
+        )
         try:
             outcome = orchestrator.run(start_step)
         finally:

@@ -81,6 +81,8 @@ ROOT_URLCONF = "webapp.urls"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
+# A refused form renders inside the site's layout (the error handlers are in webapp/urls.py).
+CSRF_FAILURE_VIEW = "webapp.pages.errors.csrf_failure"
 WSGI_APPLICATION = "webapp.wsgi.application"
 ASGI_APPLICATION = "webapp.asgi.application"
 

@@ -33,7 +33,7 @@ CHROMIUM_ARGS = [
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, EXCLUDE localhost",
 ]
 SCREENSHOTS = REPO_ROOT / ".cache" / "artifacts" / "screenshots"
-WIDE = {"width": 1280, "height": 900}
+WIDE = {"width": 1440, "height": 900}  # the widths issue 15 asks screenshots at: 1440 and 390
 NARROW = {"width": 390, "height": 844}
 PASSWORD = "browser-e2e-password"  # a throwaway deployment's users
 

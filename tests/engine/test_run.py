@@ -62,6 +62,9 @@ def test_run_writes_the_protocol_and_resume_is_exact(tiny_model_dir: Path, tmp_p
     assert seqs == list(range(1, len(seqs) + 1))
     states = [e["state"] for e in events if e["type"] == "status"]
     assert states == ["starting", "running", "succeeded"]
+    # The running message stays true while the run trains: no step in it (the metrics count them).
+    running = [e["message"] for e in events if e["type"] == "status" and e["state"] == "running"]
+    assert running == ["training on cpu"]
     metrics = metrics_by_step(events)
     assert sorted(metrics) == [0, 1, 2, 3, 4]  # step 0 is the eval before training
     step = metrics[1]
@@ -85,6 +88,7 @@ def test_run_writes_the_protocol_and_resume_is_exact(tiny_model_dir: Path, tmp_p
     assert execute(resumed_cfg, resume=str(ckpt)) == EXIT_SUCCEEDED
     resumed = read_events(tmp_path / "b" / "events.jsonl")
     assert resumed[0]["seq"] > checkpoints[0]["seq"]  # seq continues after the checkpoint's
+    assert "resumed at step 2, training on cpu" in [e.get("message") for e in resumed if e["type"] == "status"]
     # A consumer states its own cursor: the web app's resumed run is a new run numbered from 1.
     assert execute(resumed_cfg, resume=str(ckpt), events=str(tmp_path / "c.jsonl"), start_seq=0) == 0
     assert read_events(tmp_path / "c.jsonl")[0]["seq"] == 1

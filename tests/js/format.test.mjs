@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import test from "node:test";
 
 import {
-  MISSING, formatBytes, formatClock, formatDateTime, formatDuration, formatNumber, toDate,
+  MISSING, formatBytes, formatClock, formatDateTime, formatDuration, formatNumber, formatTick, toDate,
 } from "../../webapp/pages/static/tributary/format.js";
 
 test("durations read like the server's format_duration (tests/webapp/test_pages_runs_table.py)", () => {
@@ -29,6 +29,22 @@ test("numbers keep five significant digits and switch to exponents at the extrem
   assert.equal(formatNumber(0.000999), "9.990e-4");
   assert.equal(formatNumber(-3e-6), "-3.000e-6");
   for (const v of [null, undefined, NaN, -Infinity]) assert.equal(formatNumber(v), MISSING);
+});
+
+test("axis ticks are numbers, with short exponents, and blank where uPlot skips a label", () => {
+  // A log axis over 1e-4..1 as uPlot hands it over: every tick, null where a label is skipped.
+  const logTicks = [1e-4, null, null, 5e-4, null, 1e-3, 0.002, null, 0.01, 0.1, 0.5, 1];
+  assert.deepEqual(logTicks.map(formatTick), ["1e-4", "", "", "5e-4", "", "0.001", "0.002", "", "0.01", "0.1", "0.5", "1"]);
+  assert.ok(!logTicks.map(formatTick).includes(MISSING));
+  assert.equal(formatTick(2.5e-6), "2.5e-6");
+  assert.equal(formatTick(-3e-5), "-3e-5");
+  assert.equal(formatTick(3e7), "3e7");
+  assert.equal(formatTick(123456), "1.235e5");
+  // Linear ticks: floating-point noise does not show.
+  assert.equal(formatTick(0.1 + 0.2), "0.3");
+  assert.equal(formatTick(0), "0");
+  assert.equal(formatTick(-1.5), "-1.5");
+  for (const v of [undefined, NaN, Infinity]) assert.equal(formatTick(v), "");
 });
 
 test("sizes read like Django's filesizeformat (the server's rows of the same table)", () => {

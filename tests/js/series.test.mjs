@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import test from "node:test";
 
-import { Series, SeriesStore, align, chartData, ema, stack } from "../../webapp/pages/static/tributary/series.js";
+import { Series, SeriesStore, align, chartData, ema, sparse, stack, xRange } from "../../webapp/pages/static/tributary/series.js";
 
 const history = (steps, values, extra = {}) => ({ step: steps, time: steps.map((s) => 1000 + s), value: values, ...extra });
 
@@ -123,4 +123,26 @@ test("the store creates each series once and measures the newest step rate", () 
   assert.equal(store.stepRate(0), 0.5); // one step every 2 s
   assert.equal(store.stepRate(1), null);
   assert.equal(store.size, 1);
+});
+
+test("a series shows its points while it has fewer than three values, gaps not counted", () => {
+  assert.equal(sparse([]), true);
+  assert.equal(sparse([0.5]), true);
+  // One eval value among a train metric's steps (the panel's union x axis): still one point.
+  assert.equal(sparse([null, null, 0.5, null, null]), true);
+  assert.equal(sparse([0, null, 0]), true); // zero is a value, two of them a line
+  assert.equal(sparse([1, 2, 3]), false);
+  assert.equal(sparse([1, null, 2, null, 3]), false);
+  assert.equal(sparse([1, 2], 2), false);
+});
+
+test("one x value gets a padded range around it; several keep the range uPlot computed", () => {
+  // uPlot's own range for a single value at step 50 is 0..100: the chart fits the point instead.
+  assert.deepEqual(xRange([50], 0, 100), [49, 51]);
+  assert.deepEqual(xRange([1.7e9], 1.7e9, 1.7e9 + 86400, 60), [1.7e9 - 60, 1.7e9 + 60]);
+  assert.deepEqual(xRange([0], -1, 1, 5), [-5, 5]);
+  // Several x values: the data's range, or a drag-zoom, as given.
+  assert.deepEqual(xRange([1, 2, 3], 1, 3), [1, 3]);
+  assert.deepEqual(xRange([1, 2, 3], 1.5, 2.5), [1.5, 2.5]);
+  assert.deepEqual(xRange([], null, null), [null, null]);
 });

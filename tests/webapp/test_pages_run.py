@@ -209,11 +209,16 @@ def test_member_cancels_a_queued_run(client_for: Callable[..., Client], member: 
     assert "already cancelled" in again.content.decode()
 
 
-def test_cancel_through_htmx_redirects_with_a_header(
+def test_cancel_through_htmx_answers_the_fresh_header(
     client_for: Callable[..., Client], member: Any, run: Run
 ) -> None:
-    response = client_for(member).post(f"/runs/{run.pk}/cancel/", HTTP_HX_REQUEST="true")
-    assert response.status_code == 204 and response["HX-Redirect"] == f"/runs/{run.pk}/"
+    client = client_for(member)
+    response = client.post(f"/runs/{run.pk}/cancel/", HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert response.status_code == 200 and html.lstrip().startswith("<header")
+    assert 'data-status="cancelled"' in html and 'id="cancel-form"' not in html
+    again = client.post(f"/runs/{run.pk}/cancel/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="run-action-error"' in again and "already cancelled" in again
 
 
 def test_resume_from_a_chosen_checkpoint(

@@ -25,6 +25,7 @@ from webapp.runs import selectors
 from webapp.runs.choices import ACTIVE_STATUSES, FINAL_STATUSES, RunStatus
 from webapp.runs.models import Checkpoint, Run, ShareLink
 from webapp.runs.placement import live_workers
+from webapp.runs.wording import status_words
 from webapp.teams.access import memberships_of
 from webapp.teams.choices import Role
 from webapp.teams.models import Project, Team
@@ -106,7 +107,7 @@ def run_list_item(run: Run) -> dict[str, Any]:
         "project_id": run.project_id,
         "status": run.status,
         "status_badge": run.status_badge,
-        "status_message": run.status_message,
+        "status_message": status_words(run.status_message),  # no worker path or CLI flag
         "created_at": run.created_at,
         "started_at": run.started_at,
         "finished_at": run.finished_at,

@@ -24,6 +24,7 @@ from django.db import transaction
 
 from webapp.live.groups import ingest_group, project_group, run_group, send
 from webapp.runs.models import Run
+from webapp.runs.wording import status_words
 
 ACCESS_CHECK = "access.check"
 
@@ -35,7 +36,7 @@ def status_message(run: Run) -> dict[str, Any]:
         "run": run.pk,
         "project": run.project_id,
         "status": str(run.status),
-        "message": run.status_message,
+        "message": status_words(run.status_message),
         "last_step": run.last_step,
         "last_seq": run.last_seq,
         "worker_host": run.worker_host,

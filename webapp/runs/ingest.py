@@ -44,6 +44,7 @@ from webapp.runs.bulk import PointRow, insert_metric_points
 from webapp.runs.choices import LogLevel, RunStatus
 from webapp.runs.models import Checkpoint, LogLine, Run, Sample
 from webapp.runs.tokens import TokenRejected
+from webapp.runs.wording import status_words
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +164,11 @@ def _through_final_status(fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _public(event: dict[str, Any]) -> dict[str, Any]:
-    """A validated event as JSON for browsers (times as Unix seconds)."""
+    """A validated event as JSON for browsers (times as Unix seconds; a status event's message in
+    the words the run's status message shows, ``webapp.runs.wording``)."""
     out = {k: v for k, v in event.items() if k != "quarantined"}
+    if out.get("type") == "status" and isinstance(out.get("message"), str):
+        out["message"] = status_words(out["message"])
     if isinstance(out.get("time"), datetime):
         out["time"] = out["time"].timestamp()
     return out

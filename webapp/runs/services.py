@@ -2,7 +2,7 @@
 logic that spans models (views and sockets parse, authorise and call these).
 
 (The launch *page* is ``webapp.pages.launch``; starting the engine's ranks is
-``engine.launch``; queue placement is ``webapp.runs.placement``.)
+``engine.ranks``; queue placement is ``webapp.runs.placement``.)
 
 A config is validated by the engine's own schema before anything is stored or queued
 (``RunConfigInvalid`` lists each bad field by its dotted path). The run is stored with the
@@ -150,6 +150,7 @@ def request_cancel(run: Run, message: str = "") -> Run:
     Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
     run.refresh_from_db()
     announce.cancel_requested(run.pk, message)
+    announce.status_changed(run.pk)  # open pages drop their Cancel button and say it is coming
     return run
 
 

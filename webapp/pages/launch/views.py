@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.text import slugify
 from django.views.decorators.http import require_http_methods, require_POST
@@ -49,6 +50,7 @@ PRESET_LABELS = {
 DEFAULT_PRESET = "grpo"
 MAX_UPLOAD_BYTES = 1_000_000
 LAUNCH_FIELDS = ("queue", "tags", "notes")
+LAUNCH_LABELS = {"queue": "Queue", "tags": "Tags", "notes": "Notes"}  # new.html's labels of LAUNCH_FIELDS
 
 
 @functools.cache
@@ -81,7 +83,9 @@ class _Editor:
         self.yaml_error = ""
         self.problems: list[tuple[str, str]] = []
 
-    def context(self) -> dict[str, Any]:
+    def context(self, launch_errors: dict[str, str] | None = None) -> dict[str, Any]:
+        """The editor's template context; its error summary lists every problem the page shows
+        (``launch_errors``: those of the launch fields below the editor, by field name)."""
         ctx: dict[str, Any] = {"mode": self.mode, "yaml_text": self.text, "yaml_error": self.yaml_error}
         if self.mode == "form":
             form = schema_form.build_form(_schema(), self.config)
@@ -95,7 +99,17 @@ class _Editor:
                 ],
                 field_errors=[],
             )
-        ctx["has_errors"] = bool(self.problems or self.yaml_error)
+        ctx["launch_errors"] = [
+            {"id": f"f-{name}", "label": LAUNCH_LABELS.get(name, name), "path": name, "message": message}
+            for name, message in (launch_errors or {}).items()
+        ]
+        # One per line of the summary: the count a person reads above the list is the list's length.
+        ctx["error_count"] = (
+            len(ctx["general_errors"])
+            + len(ctx["field_errors"])
+            + len(ctx["launch_errors"])
+            + (1 if self.yaml_error else 0)
+        )
         return ctx
 
 
@@ -236,7 +250,7 @@ def _page(
 ) -> HttpResponse:
     context = {
         "project": project,
-        "editor": editor.context(),
+        "editor": editor.context(extra.get("launch_errors")),
         "launch": launch,
         "presets": [{"name": n, "label": PRESET_LABELS.get(n, n)} for n in PRESETS],
         # The queues online workers serve, offered beside "auto" (any name may be typed).
@@ -320,7 +334,7 @@ def new_run(request: HttpRequest, project_id: int) -> HttpResponse:
     try:
         project = _project(request, project_id)
     except access.Forbidden as exc:
-        return HttpResponseForbidden(str(exc))
+        raise PermissionDenied(str(exc)) from None
     if request.method == "GET":
         editor, launch = _initial(request)
         return _page(request, project, editor, launch)
@@ -341,7 +355,7 @@ def editor(request: HttpRequest, project_id: int) -> HttpResponse:
     try:
         project = _project(request, project_id)
     except access.Forbidden as exc:
-        return HttpResponseForbidden(str(exc))
+        raise PermissionDenied(str(exc)) from None
     state, _launch_fields = _posted(request)
     _apply_action(request, state, request.POST.get("_action", ""))
     return _editor_response(request, project, state)

@@ -28,6 +28,7 @@ STEPS_PER_PAGE = 10
 MAX_SAMPLES = 5000  # per request: a step holds at most logging.samples_per_step (<= 4096)
 PREVIEW_LINES = 12
 PREVIEW_CHARS = 1200
+REWARD_LEVELS = 5  # app.css's card colours, data-reward-level 0 (the run's lowest) .. 4 (highest)
 SORTS = {
     "": "as generated",
     "-reward": "reward, high first",
@@ -61,7 +62,30 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _rollout(sample: Sample) -> dict[str, Any]:
+def _reward_range(run: Run) -> tuple[float, float] | None:
+    """The run's lowest and highest reward, which a card's colour is relative to (None: no
+    rewards yet).
+
+    Relative to the run rather than a fixed scale: a 0/1 task shows red and green, a graded
+    reward of any magnitude the shades between, and a card's colour says where it stands among
+    the run's rollouts. Two LIMIT 1 queries on the ``(run, reward)`` index."""
+    rewarded = Sample.objects.filter(run=run, reward__isnull=False).order_by("reward")
+    lowest = rewarded.values_list("reward", flat=True).first()
+    highest = rewarded.values_list("reward", flat=True).last()
+    return None if lowest is None or highest is None else (lowest, highest)
+
+
+def _reward_level(reward: float | None, scale: tuple[float, float] | None) -> int | None:
+    """Where ``reward`` falls in the run's range, 0 (lowest) .. REWARD_LEVELS - 1 (highest);
+    None without a reward, or when every reward of the run is the same (nothing to compare)."""
+    if reward is None or scale is None or scale[1] <= scale[0]:
+        return None
+    low, high = scale
+    fraction = (reward - low) / (high - low)
+    return min(max(round(fraction * (REWARD_LEVELS - 1)), 0), REWARD_LEVELS - 1)
+
+
+def _rollout(sample: Sample, scale: tuple[float, float] | None) -> dict[str, Any]:
     extra = sample.extra if isinstance(sample.extra, dict) else {}
     components = extra.get("components")
     components = (
@@ -82,6 +106,7 @@ def _rollout(sample: Sample) -> dict[str, Any]:
         "rest": rest,
         "rest_lines": rest.count("\n") + (1 if rest and not rest.endswith("\n") else 0),
         "reward": sample.reward,
+        "reward_level": _reward_level(sample.reward, scale),
         "advantage": sample.advantage,
         "length": sample.length,
         "finish_reason": sample.finish_reason,
@@ -105,8 +130,9 @@ def _sort_key(sort: str) -> Any:
     return key
 
 
-def _groups(samples: list[Sample], sort: str) -> list[dict[str, Any]]:
-    """Rollouts grouped by prompt text, in order of first appearance (or by the sort)."""
+def _groups(samples: list[Sample], sort: str, scale: tuple[float, float] | None) -> list[dict[str, Any]]:
+    """Rollouts grouped by prompt text, in order of first appearance (or by the sort); each
+    rollout's colour is relative to the run's reward range ``scale``."""
     by_prompt: dict[str, dict[str, Any]] = {}
     for sample in samples:
         group = by_prompt.get(sample.prompt)
@@ -121,7 +147,7 @@ def _groups(samples: list[Sample], sort: str) -> list[dict[str, Any]]:
                 "first_id": sample.pk,
                 "rollouts": [],
             }
-        group["rollouts"].append(_rollout(sample))
+        group["rollouts"].append(_rollout(sample, scale))
     groups = list(by_prompt.values())
     for group in groups:
         rewards = [r["reward"] for r in group["rollouts"] if r["reward"] is not None]
@@ -171,6 +197,7 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
         "sort": sort,
         "sorts": SORTS.items(),
         "follow": None,
+        "reward_range": _reward_range(run),
     }
     base = selectors.samples(run, q=q)
 
@@ -200,7 +227,7 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
             wanted = min(steps, key=lambda s: (abs(s - wanted), s))
         step = wanted
     samples = list(base.filter(step=step).order_by("seq", "index")[:MAX_SAMPLES]) if step is not None else []
-    groups = _groups(samples, sort)
+    groups = _groups(samples, sort, context["reward_range"])
     pages = max(math.ceil(len(groups) / GROUPS_PER_PAGE), 1)
     page = min(page, pages)
     shown = groups[(page - 1) * GROUPS_PER_PAGE : page * GROUPS_PER_PAGE]
@@ -233,7 +260,9 @@ def _follow(
     pages = max(math.ceil(len(step_list) / STEPS_PER_PAGE), 1)
     page = min(page, pages)
     shown = step_list[(page - 1) * STEPS_PER_PAGE : page * STEPS_PER_PAGE]
-    per_step = [{"step": s, "group": _groups(by_step[s], context["sort"])[0]} for s in shown]
+    per_step = [
+        {"step": s, "group": _groups(by_step[s], context["sort"], context["reward_range"])[0]} for s in shown
+    ]
     preview, rest = _split(anchor.prompt, lines=6, chars=600)
     context.update(
         follow={

@@ -11,6 +11,7 @@ from webapp.runs import selectors
 from webapp.runs.models import MetricPoint, Run
 
 MAX_RUNS = 12
+CANDIDATES = 200  # runs the "add runs" picker lists at most
 
 # Metrics of the summary table: name and which way is better (None: final value only).
 KEY_METRICS: list[tuple[str, str | None]] = [
@@ -62,6 +63,15 @@ def config_diff(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         canon = {json.dumps(v, sort_keys=True) if v is not MISSING else "\0missing" for v in values}
         rows.append({"key": key, "values": [_show(v) for v in values], "differs": len(canon) > 1})
     return rows
+
+
+def candidates(user: Any, runs: list[Run], limit: int = CANDIDATES) -> list[Run]:
+    """Runs the "add runs" picker offers: the newest of the shown runs' projects that are not
+    shown yet, or, with nothing shown, the newest the user can see."""
+    qs = selectors.runs_visible_to(user).exclude(pk__in=[r.pk for r in runs])
+    if runs:
+        qs = qs.filter(project__in={r.project_id for r in runs})
+    return list(qs.select_related("project").order_by("-created_at", "-id")[:limit])
 
 
 def summary(runs: list[Run]) -> list[dict[str, Any]]:

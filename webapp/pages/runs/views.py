@@ -14,7 +14,8 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -26,6 +27,7 @@ from webapp.live.routing import run_socket_path
 from webapp.pages.runs import compare as compare_helpers
 from webapp.pages.runs.display import api_base, config_yaml, log_tail, page_data
 from webapp.runs import selectors
+from webapp.runs.choices import RunStatus
 from webapp.runs.models import Checkpoint, InvalidTransition, Run, ShareLink
 from webapp.runs.services import CannotResume, RunConfigInvalid, request_cancel, resume_run
 from webapp.runs.sharing import revoke_share_link
@@ -52,7 +54,7 @@ def _member_action(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
         try:
             run = _visible(request, run_id, Role.MEMBER)
         except Forbidden as exc:
-            return HttpResponseForbidden(str(exc))
+            raise PermissionDenied(str(exc)) from None
         return view(request, run, **kwargs)
 
     return action
@@ -74,28 +76,52 @@ def _go(request: HttpRequest, url: str) -> HttpResponse:
 # --- the run page ------------------------------------------------------------------------
 
 
-def _render_run(request: HttpRequest, run: Run, role: Role | None, token: str = "") -> HttpResponse:
+def _header_context(run: Run, role: Role | None, token: str = "") -> dict[str, Any]:
+    """What the header (``_header.html``) shows: the run as the API has it, the actions its
+    state allows (``permissions``) and the status line. The page and the header fragment that
+    replaces it after each status change render from this one place."""
     detail = serializers.run_out(run, role)
     shared = bool(token)
     checkpoints = [serializers.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
-    context: dict[str, Any] = {
+    total_steps = (detail["config"].get("trainer") or {}).get("total_steps")
+    return {
         "run": detail,
         "shared": shared,
         "token": token,
         "perms": detail["permissions"],
         "can_act": not shared and detail["permissions"]["edit"],
-        "config_yaml": config_yaml(detail["config"]),
-        "total_steps": (detail["config"].get("trainer") or {}).get("total_steps"),
+        "total_steps": total_steps,
+        # The status line counts the steps of a training run itself (from ``last_step``, which
+        # run.js follows live), so the status message never has to.
+        "show_step": detail["status"] == RunStatus.RUNNING and bool(total_steps),
         "checkpoints": checkpoints,
-        "latest_checkpoint": checkpoints[-1] if checkpoints else None,
-        "logs": [] if shared else log_tail(run),
-        "shares": [] if shared or not detail["permissions"]["share"] else _shares(run),
-        "tags_value": ", ".join(detail["tags"]),
-        "notes_value": detail["notes"],
         "base_path": reverse("share", kwargs={"token": token}) if shared else run.get_absolute_url(),
-        "page_data": page_data(detail, selectors.metric_name_list(run), token),
     }
+
+
+def _render_run(request: HttpRequest, run: Run, role: Role | None, token: str = "") -> HttpResponse:
+    context = _header_context(run, role, token)
+    detail, shared = context["run"], context["shared"]
+    context.update(
+        {
+            "config_yaml": config_yaml(detail["config"]),
+            "logs": [] if shared else log_tail(run),
+            "shares": [] if shared or not detail["permissions"]["share"] else _shares(run),
+            "tags_value": ", ".join(detail["tags"]),
+            "notes_value": detail["notes"],
+            "page_data": page_data(detail, selectors.metric_name_list(run), token),
+        }
+    )
     return render(request, "pages/runs/run.html", context)
+
+
+def _render_header(
+    request: HttpRequest, run: Run, role: Role | None, token: str = "", action_error: str = ""
+) -> HttpResponse:
+    context = {**_header_context(run, role, token), "action_error": action_error, "fragment": True}
+    response = render(request, "pages/runs/_header.html", context)
+    response["Cache-Control"] = "no-store"  # always the state as it is now
+    return response
 
 
 @login_required
@@ -105,6 +131,14 @@ def run_page(request: HttpRequest, run_id: int) -> HttpResponse:
     return _render_run(request, run, role_in(request.user, run.project.team_id))
 
 
+@login_required
+@require_GET
+def run_header(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The run page's header as a fragment, for the swap after a status change."""
+    run = _visible(request, run_id)
+    return _render_header(request, run, role_in(request.user, run.project.team_id))
+
+
 @require_GET
 def share_page(request: HttpRequest, token: str) -> HttpResponse:
     """The run page read-only, for whoever holds a live token (no login)."""
@@ -112,6 +146,14 @@ def share_page(request: HttpRequest, token: str) -> HttpResponse:
     if run is None:
         raise Http404("this share link does not exist or was revoked")
     return _render_run(request, run, None, token)
+
+
+@require_GET
+def share_header(request: HttpRequest, token: str) -> HttpResponse:
+    run = ShareLink.run_for_token(token)
+    if run is None:
+        raise Http404("this share link does not exist or was revoked")
+    return _render_header(request, run, None, token)
 
 
 def _config_download(run: Run) -> JsonResponse:
@@ -139,12 +181,20 @@ def share_config_json(request: HttpRequest, token: str) -> HttpResponse:
 
 @_member_action
 def run_cancel(request: HttpRequest, run: Run) -> HttpResponse:
+    """Through htmx the answer is the fresh header, swapped in place (the charts and their zoom
+    stay); a plain form post is redirected to the page with a message."""
+    error = ""
     try:
         request_cancel(run, f"cancelled by {request.user.get_username()}")
-        messages.success(request, "Cancel requested: the worker stops the run and saves a checkpoint.")
     except InvalidTransition:
-        messages.error(request, f"This run is already {run.status}: there is nothing to cancel.")
-    return _go(request, run.get_absolute_url())
+        error = f"This run is already {run.status}: there is nothing to cancel."
+    if _is_htmx(request):
+        return _render_header(request, run, role_in(request.user, run.project.team_id), action_error=error)
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, "Cancel requested: the worker stops the run and saves a checkpoint.")
+    return redirect(run)
 
 
 @_member_action
@@ -229,6 +279,10 @@ def share_revoke(request: HttpRequest, run: Run, share_id: int) -> HttpResponse:
 @require_GET
 def compare(request: HttpRequest) -> HttpResponse:
     wanted, bad = parse_ids([request.GET.get("runs", "")])
+    added, _ = parse_ids(request.GET.getlist("add"))
+    if added:  # the "add runs" form: back to one shareable ?runs= link
+        ids = ",".join(str(i) for i in [*wanted, *(a for a in added if a not in wanted)])
+        return redirect(f"{reverse('compare')}?runs={ids}")
     too_many = len(wanted) > compare_helpers.MAX_RUNS
     wanted = wanted[: compare_helpers.MAX_RUNS]
     runs: list[Run] = []
@@ -248,6 +302,8 @@ def compare(request: HttpRequest) -> HttpResponse:
         "diff_rows": rows,
         "diff_count": sum(1 for r in rows if r["differs"]),
         "summary": compare_helpers.summary(runs),
+        "candidates": compare_helpers.candidates(request.user, runs),
+        "runs_param": ",".join(str(r.pk) for r in runs),
         "page_data": {
             "runs": [
                 {

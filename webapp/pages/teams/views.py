@@ -39,6 +39,7 @@ from webapp.runs import selectors
 from webapp.runs.choices import ACTIVE_STATUSES, RunStatus
 from webapp.runs.models import InvalidTransition, Run
 from webapp.runs.services import request_cancel
+from webapp.runs.wording import status_words
 from webapp.teams import access
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Project, Team
@@ -261,6 +262,7 @@ def _row(run: Run, now: Any, sparks: dict[int, Any]) -> dict[str, Any]:
     return {
         "run": run,
         "status": status,
+        "message": status_words(run.status_message),
         "active": active,
         "duration": format_duration(duration),
         "started_ts": run.started_at.timestamp() if run.started_at else "",

@@ -6,8 +6,8 @@
 // The data (merging, thinning, alignment, smoothing) is series.js's; this module is the DOM.
 
 import uPlot from "../vendor/uplot/uPlot.esm.js";
-import { formatDuration, formatNumber } from "./format.js";
-import { SeriesStore, chartData } from "./series.js";
+import { formatDuration, formatNumber, formatTick } from "./format.js";
+import { SeriesStore, chartData, sparse, xRange } from "./series.js";
 
 export const PALETTE = ["#2160c4", "#d9480f", "#2b8a3e", "#ae3ec9", "#c92a2a", "#1098ad", "#f08c00", "#5c940d",
   "#862e9c", "#495057", "#e64980", "#364fc7"];
@@ -15,6 +15,10 @@ const DASHES = [null, [6, 3], [2, 3], [10, 3, 2, 3], [1, 4]];
 const PIN_KEY = "tributary.charts.pins";
 const HIDE_KEY = "tributary.charts.hidden";
 const FRAME_BUDGET_MS = 12; // drawing per animation frame before the rest waits for the next
+const X_PAD = { step: 1, time: 60 }; // steps / seconds either side of a chart's only x value
+// Step ticks are whole steps (uPlot's default increments include 0.5, 0.2, ...).
+const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2.5e3, 5e3, 1e4, 2e4, 2.5e4, 5e4,
+  1e5, 2e5, 2.5e5, 5e5, 1e6, 2e6, 5e6, 1e7];
 
 // A y axis as wide as its longest tick label (uPlot calls this with the formatted labels).
 function axisWidth(u, values) {
@@ -345,8 +349,8 @@ export class ChartGrid {
       const label = this.compare ? `${this.runs[one.run].name} · ${one.name}` : one.name;
       const opt = {
         label, stroke: colour, width: 1.5, spanGaps: true,
-        // A line needs two points: show the dots while a series has fewer than three.
-        points: { show: (u) => u.data[0].length < 3 },
+        // A line needs two points: show the dots while the series has fewer than three.
+        points: { show: (u, si) => sparse(u.data[si]), size: 7, fill: colour },
         scale: hasY2 && def.y2(one.name) ? "y2" : "y",
         show: !this.hiddenRuns.has(one.run),
         value: (u, v, si, idx) => formatNumber(idx == null ? v : panel.own[si - 1][idx]),
@@ -361,12 +365,17 @@ export class ChartGrid {
     const body = panel.body;
     const width = Math.max(240, body.clientWidth || 400);
     const axes = [
-      xMode === "time" && this.compare ? { values: (u, vals) => vals.map(formatDuration) } : {},
-      { size: axisWidth, values: (u, vals) => vals.map(formatNumber) },
+      xMode === "time" && this.compare ? { values: (u, vals) => vals.map(formatDuration) }
+        : xMode === "step" ? { incrs: STEP_INCRS } : {},
+      { size: axisWidth, values: (u, vals) => this.yTicks(panel, vals) },
     ];
-    if (hasY2) axes.push({ scale: "y2", side: 1, grid: { show: false }, size: axisWidth, values: (u, vals) => vals.map(formatNumber) });
+    if (hasY2) axes.push({ scale: "y2", side: 1, grid: { show: false }, size: axisWidth, values: (u, vals) => vals.map(formatTick) });
     const linear = { range: yRange };
-    const scales = { x: { time: xMode === "time" && !this.compare }, y: this.opts.log ? { distr: 3 } : linear };
+    const xPad = X_PAD[xMode] || 1;
+    const scales = {
+      x: { time: xMode === "time" && !this.compare, range: (u, min, max) => xRange(u.data[0], min, max, xPad) },
+      y: this.opts.log ? { distr: 3 } : linear,
+    };
     if (hasY2) scales.y2 = linear;
     return {
       width, height: 220,
@@ -376,8 +385,17 @@ export class ChartGrid {
       hooks: {
         drawAxes: [(u) => this.drawUnder(panel, u)],
         setSelect: [(u) => { if (u.select.width > 0) panel.zoomed = true; }],
+        // The x range on the panel element too (the axes are canvas): tests and tools read it.
+        setScale: [(u, key) => { if (key === "x") panel.el.dataset.xRange = `${u.scales.x.min},${u.scales.x.max}`; }],
       },
     };
+  }
+
+  // The labels of a panel's y axis, also kept on the panel element (the axis is canvas).
+  yTicks(panel, vals) {
+    const labels = vals.map(formatTick);
+    panel.el.dataset.yTicks = labels.filter((t) => t !== "").join(" ");
+    return labels;
   }
 
   // Under the smoothed lines: the min/max band of downsampled history, and the raw values faint.

@@ -26,6 +26,20 @@ export function formatNumber(value) {
   return String(+value.toPrecision(5));
 }
 
+// An axis tick label: formatNumber's digits, a short exponent ("1e-4", "2.5e7": ticks are round
+// numbers, so the mantissa's trailing zeros only cost width), and an empty label where uPlot
+// passes null (a log axis with little room labels only some ticks of each decade, 1, 2 and 5
+// or only 1, and hands the others over as null).
+export function formatTick(value) {
+  if (value == null || !Number.isFinite(value)) return "";
+  const a = Math.abs(value);
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) {
+    const [mantissa, exponent] = value.toExponential(3).split("e");
+    return `${+mantissa}e${+exponent}`;
+  }
+  return formatNumber(value);
+}
+
 const SIZE_UNITS = ["KB", "MB", "GB", "TB", "PB"];
 
 // A size in bytes, written like Django's filesizeformat (which renders the server's rows of the

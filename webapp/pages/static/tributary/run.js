@@ -43,41 +43,85 @@ function setupTabs() {
 }
 
 // --- header --------------------------------------------------------------------------------
+// The header (state, facts, status line, actions) is the server's: after a status change htmx
+// swaps in a fresh copy (_header.html, from its data-refresh URL), so which actions a state allows
+// is decided in one place. Between swaps this keeps up to date what moves on its own: the badge
+// at once, the step (header and status line), elapsed time, ETA and the socket's state.
 function header(data, grid) {
   const run = data.run;
   const { isTerminal } = contracts();
-  const badge = $("run-status"), alert = $("run-alert"), stepEl = $("run-step");
+  let liveState = "", liveText = "";
+  // One read at a time; changes heard meanwhile make one more read after it, so the last swap
+  // always shows the run as it was after the last change.
+  let reading = false, again = false;
+  const writeStep = () => {
+    const stepEl = $("run-step");
+    if (stepEl) { stepEl.textContent = String(run.last_step); stepEl.dataset.step = String(run.last_step); }
+    for (const el of document.querySelectorAll("[data-live-step]")) el.textContent = String(run.last_step);
+  };
   const show = {
+    // Shows `status` and records `message`; returns whether either differs from what the page had.
     status(status, message) {
-      if (status) {
+      let differs = false;
+      if (status && status !== run.status) {
+        differs = true;
         run.status = status;
+        const badge = $("run-status");
         badge.textContent = status;
         badge.className = "badge " + (data.badges[status] || "secondary");
         badge.dataset.status = status;
         run.is_final = isTerminal(status);
-        if (run.is_final) {
-          for (const el of document.querySelectorAll("[data-when=active]")) el.hidden = true;
-          if (!run.finished_at) run.finished_at = Date.now() / 1000;
-        }
+        if (run.is_final && !run.finished_at) run.finished_at = Date.now() / 1000;
       }
-      if (message !== undefined && message !== null) {
+      if (message !== undefined && message !== null && message !== run.message) {
+        differs = true;
         run.message = message;
-        alert.textContent = message;
-        alert.dataset.message = message;
-        alert.hidden = !message;
-        alert.classList.toggle("error", run.status === "failed" || run.status === "lost");
       }
       this.tick();
+      return differs;
+    },
+    // Read the header as the run is now and swap it in.
+    async refresh() {
+      if (reading) { again = true; return; }
+      reading = true;
+      try {
+        do {
+          again = false;
+          const el = $("run-header");
+          if (!el || !window.htmx) return;
+          try {
+            await window.htmx.ajax("GET", el.dataset.refresh, { target: el, swap: "outerHTML" });
+          } catch (err) {
+            return; // offline or refused (htmx reports it); the next status change tries again
+          }
+        } while (again);
+      } finally {
+        reading = false;
+      }
     },
     step(step) {
       if (typeof step === "number" && step > run.last_step) {
         run.last_step = step;
-        stepEl.textContent = String(step);
-        stepEl.dataset.step = String(step);
+        writeStep();
       }
+    },
+    live(state, text) {
+      liveState = state;
+      liveText = text;
+      const el = $("live-state");
+      if (el) { el.dataset.state = state; el.textContent = text; }
+    },
+    // After a swap: the server's step may be newer than the socket's, never older than shown.
+    swapped() {
+      const server = Number($("run-step")?.dataset.step);
+      if (server > run.last_step) run.last_step = server;
+      writeStep();
+      this.live(liveState, liveText);
+      this.tick();
     },
     tick() {
       const elapsed = $("run-elapsed"), eta = $("run-eta");
+      if (!elapsed || !eta) return;
       if (run.started_at) {
         const end = run.is_final && run.finished_at ? run.finished_at : Date.now() / 1000;
         elapsed.textContent = formatDuration(end - run.started_at);
@@ -93,6 +137,7 @@ function header(data, grid) {
       }
     },
   };
+  document.body.addEventListener("htmx:afterSettle", () => show.swapped());
   setInterval(() => show.tick(), 1000);
   return show;
 }
@@ -172,7 +217,6 @@ async function start() {
   const show = header(data, grid);
   const appendLog = setupLogs();
   const addCheckpoint = setupCheckpoints();
-  const liveState = $("live-state");
   show.tick();
 
   // History first (downsampled), from the cursor the run had when we asked; then the socket
@@ -184,7 +228,7 @@ async function start() {
       if (res.ok) {
         const fresh = await res.json();
         afterSeq = fresh.last_seq;
-        show.status(fresh.status, fresh.status_message);
+        if (show.status(fresh.status, fresh.status_message)) show.refresh();
         show.step(fresh.last_step);
       }
     }
@@ -204,14 +248,19 @@ async function start() {
   document.body.dataset.historyLoaded = "true";
   if (data.run.is_final) return; // a finished run: the same charts, no socket
 
+  let hellos = 0;
   const client = new LiveSocket({
     path: data.socket,
     afterSeq,
     share: data.share,
     stopOnFinal: true,
     handlers: {
+      // Every connection starts with the run as it is now: after a reconnect, or when it differs
+      // from what the page shows, the header is read again (a change may have gone unheard).
       hello: (m) => {
-        show.status(m.status, m.message);
+        const differs = show.status(m.status, m.message);
+        if (differs || hellos > 0) show.refresh();
+        hellos += 1;
         show.step(m.last_step);
         if (m.started_at) data.run.started_at = m.started_at;
         if (m.finished_at) data.run.finished_at = m.finished_at;
@@ -219,8 +268,14 @@ async function start() {
       },
       metrics: (e) => { grid.addPoints(0, e.step, e.time, e.values || {}); show.step(e.step); },
       status: (m) => {
-        // Either an event {state, message} or a status message {status, message, ...}.
-        show.status(m.status || m.state, m.message);
+        // A status message {status, message, ...}: the run changed (a cancel request included).
+        // The engine's status event {state, message} comes after its status message: the badge only.
+        if (m.status) {
+          show.status(m.status, m.message);
+          show.refresh();
+        } else {
+          show.status(m.state);
+        }
         if (typeof m.last_step === "number") show.step(m.last_step);
         if (m.worker_host) $("run-worker").textContent = m.worker_host;
         if (m.started_at) data.run.started_at = m.started_at;
@@ -230,10 +285,8 @@ async function start() {
       checkpoint: addCheckpoint,
       error: (m) => grid.setMessage(m.message || "The live connection was refused."),
       state: (name, detail) => {
-        if (!liveState) return;
-        liveState.dataset.state = name;
-        liveState.textContent = name === "open" ? "live" : name === "waiting" ? `reconnecting in ${detail}s`
-          : name === "closed" ? "" : name + "…";
+        show.live(name, name === "open" ? "live" : name === "waiting" ? `reconnecting in ${detail}s`
+          : name === "closed" ? "" : name + "…");
       },
     },
   });

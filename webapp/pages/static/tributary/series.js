@@ -171,3 +171,22 @@ export function chartData(series, { x: xMode = "step", compare = false, log = fa
   });
   return { x, raw, smooth, lo, hi, ys: stacked ? stack(smooth, x.length) : smooth, points };
 }
+
+// Whether a line of `values` needs its points drawn: a line joins two points, so a series with
+// fewer than `limit` values (nulls do not count: a panel's x axis is the union of its series'
+// steps, so an eval metric logged once sits among the train metrics' hundreds of steps) would
+// be invisible or a bare stub without them.
+export function sparse(values, limit = 3) {
+  let n = 0;
+  for (const v of values) if (v != null && ++n >= limit) return false;
+  return true;
+}
+
+// The x range of a chart over the points at `xs` (sorted): [min, max] as given (the data's own
+// range, or a zoom) when there are several x values; one x value gets `pad` on either side, so
+// a single eval point sits mid-chart on a narrow range around its step, not on uPlot's default
+// 0..100 span (or a whole day on a time axis).
+export function xRange(xs, min, max, pad = 1) {
+  if (xs.length === 1 && xs[0] != null) return [xs[0] - pad, xs[0] + pad];
+  return [min, max];
+}
