@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,23 @@ def start_site(root: Path, *, worker: bool = True, **settings: str) -> Site:
     if worker:
         site.deployment.start_worker()
     return site
+
+
+@contextmanager
+def running_site(root: Path, *, worker: bool = True, **settings: str) -> Iterator[Site]:
+    """``start_site``, stopped afterwards with its processes' logs printed (pytest shows them
+    when a test failed): the body of each browser test module's ``site`` fixture."""
+    site = start_site(root, worker=worker, **settings)
+    try:
+        yield site
+    finally:
+        site.deployment.stop_all()
+        print(site.deployment.logs())
+
+
+def no_errors(console: Console) -> None:
+    """Fail with the console's errors and uncaught page errors, if there were any."""
+    assert not console.real(), "errors in the browser console:\n" + "\n".join(console.real())
 
 
 def prepare_site(root: Path, **settings: str) -> Site:

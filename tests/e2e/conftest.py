@@ -8,7 +8,18 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.browser import launch_chromium, tributary_playwright
 from tests.e2e.harness import Deployment
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium under Playwright, one per test module."""
+    gen = tributary_playwright()
+    chromium = launch_chromium(next(gen))
+    yield chromium
+    chromium.close()
+    gen.close()
 
 
 @pytest.fixture

@@ -22,13 +22,12 @@ import yaml
 from tests.e2e.browser import (
     NARROW,
     Site,
-    launch_chromium,
     new_context,
+    no_errors,
     point_count,
+    running_site,
     screenshot,
     sign_in,
-    start_site,
-    tributary_playwright,
 )
 from tests.tiny_runs import tiny_config
 
@@ -39,20 +38,8 @@ RUN_WAIT_MS = 240_000  # a loaded 2-core machine: worker pickup, torch import, f
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    s = start_site(tmp_path_factory.mktemp("browser-site"))
-    yield s
-    s.deployment.stop_all()
-    print(s.deployment.logs())  # shown by pytest when a test failed
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    gen = tributary_playwright()
-    playwright = next(gen)
-    chromium = launch_chromium(playwright)
-    yield chromium
-    chromium.close()
-    gen.close()
+    with running_site(tmp_path_factory.mktemp("browser-site")) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +54,6 @@ def finished_runs(site: Site, tiny_model_dir: Path) -> list[int]:
     for run_id in ids:
         d.wait_status(run_id, "succeeded")
     return ids
-
-
-def no_errors(console: Any) -> None:
-    assert not console.real(), "errors in the browser console:\n" + "\n".join(console.real())
 
 
 def test_sign_in_launch_watch_rollouts_cancel(site: Site, browser: Any, tiny_model_dir: Path) -> None:

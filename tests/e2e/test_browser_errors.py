@@ -19,12 +19,10 @@ from tests.e2e.browser import (
     NARROW,
     WIDE,
     Site,
-    launch_chromium,
     new_context,
+    running_site,
     screenshot,
     sign_in,
-    start_site,
-    tributary_playwright,
 )
 
 pytestmark = pytest.mark.slow
@@ -42,20 +40,8 @@ IMAGE_WIDTH = """async (url) => {
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    s = start_site(tmp_path_factory.mktemp("browser-errors"), worker=False, DEBUG="false")
-    yield s
-    s.deployment.stop_all()
-    print(s.deployment.logs())  # shown by pytest when a test failed
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    gen = tributary_playwright()
-    playwright = next(gen)
-    chromium = launch_chromium(playwright)
-    yield chromium
-    chromium.close()
-    gen.close()
+    with running_site(tmp_path_factory.mktemp("browser-errors"), worker=False, DEBUG="false") as s:
+        yield s
 
 
 def assert_error_page(page: Any, response: Any, status: int, heading: str, viewport: dict[str, int]) -> None:

@@ -25,40 +25,26 @@ import pytest
 from jobs.shipper import EventShipper
 from tests.e2e.browser import (
     NARROW,
+    WIDE,
     Site,
-    launch_chromium,
     new_context,
+    running_site,
     screenshot,
     sign_in,
-    start_site,
-    tributary_playwright,
 )
 from tests.e2e.harness import WAIT
 from tests.tiny_runs import tiny_config
 
 pytestmark = pytest.mark.slow
 
-WIDE = {"width": 1440, "height": 900}
 TOTAL_STEPS = 300
 STAGE_MS = 30_000
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    s = start_site(tmp_path_factory.mktemp("run-live-site"), worker=False)  # this test is the worker
-    yield s
-    s.deployment.stop_all()
-    print(s.deployment.logs())  # shown by pytest when the test failed
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    gen = tributary_playwright()
-    playwright = next(gen)
-    chromium = launch_chromium(playwright)
-    yield chromium
-    chromium.close()
-    gen.close()
+    with running_site(tmp_path_factory.mktemp("run-live-site"), worker=False) as s:  # this test is the worker
+        yield s
 
 
 class EngineLog:

@@ -22,12 +22,11 @@ from tests.e2e.browser import (
     NARROW,
     WIDE,
     Site,
-    launch_chromium,
     new_context,
+    no_errors,
+    running_site,
     screenshot,
     sign_in,
-    start_site,
-    tributary_playwright,
 )
 
 pytestmark = pytest.mark.slow
@@ -67,30 +66,14 @@ print(json.dumps({{"run": run.pk}}))
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    s = start_site(tmp_path_factory.mktemp("small-things-site"), worker=False)
-    yield s
-    s.deployment.stop_all()
-    print(s.deployment.logs())  # shown by pytest when a test failed
+    with running_site(tmp_path_factory.mktemp("small-things-site"), worker=False) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
 def run_id(site: Site) -> int:
     out = site.deployment.manage("shell", "-c", SEED.format(project=site.project, eval_step=EVAL_STEP))
     return json.loads(out.strip().splitlines()[-1])["run"]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    gen = tributary_playwright()
-    playwright = next(gen)
-    chromium = launch_chromium(playwright)
-    yield chromium
-    chromium.close()
-    gen.close()
-
-
-def no_errors(console: Any) -> None:
-    assert not console.real(), "errors in the browser console:\n" + "\n".join(console.real())
 
 
 def panel(panel_id: str) -> str:

@@ -20,7 +20,8 @@ from django.views.decorators.http import require_GET
 
 from webapp.inputs import INT_MAX, parse_id
 from webapp.runs import selectors
-from webapp.runs.models import Run, Sample, ShareLink
+from webapp.runs.models import Run, Sample
+from webapp.runs.sharing import shared_run_or_404
 from webapp.teams import access
 
 GROUPS_PER_PAGE = 8
@@ -297,7 +298,5 @@ def run_rollouts(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @require_GET
 def shared_rollouts(request: HttpRequest, token: str) -> HttpResponse:
-    run = ShareLink.run_for_token(token)
-    if run is None:
-        raise Http404("this link does not exist or was revoked")
+    run = shared_run_or_404(token)
     return _browse(request, run, reverse("shared-rollouts", kwargs={"token": token}), shared=True)

@@ -30,7 +30,7 @@ from webapp.runs import selectors
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import Checkpoint, InvalidTransition, Run, ShareLink
 from webapp.runs.services import CannotResume, RunConfigInvalid, request_cancel, resume_run
-from webapp.runs.sharing import revoke_share_link
+from webapp.runs.sharing import revoke_share_link, shared_run_or_404
 from webapp.teams.access import Forbidden, NotFound, role_in, run_for
 from webapp.teams.choices import Role
 
@@ -142,17 +142,13 @@ def run_header(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_GET
 def share_page(request: HttpRequest, token: str) -> HttpResponse:
     """The run page read-only, for whoever holds a live token (no login)."""
-    run = ShareLink.run_for_token(token)
-    if run is None:
-        raise Http404("this share link does not exist or was revoked")
+    run = shared_run_or_404(token)
     return _render_run(request, run, None, token)
 
 
 @require_GET
 def share_header(request: HttpRequest, token: str) -> HttpResponse:
-    run = ShareLink.run_for_token(token)
-    if run is None:
-        raise Http404("this share link does not exist or was revoked")
+    run = shared_run_or_404(token)
     return _render_header(request, run, None, token)
 
 
@@ -170,9 +166,7 @@ def run_config_json(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @require_GET
 def share_config_json(request: HttpRequest, token: str) -> HttpResponse:
-    run = ShareLink.run_for_token(token)
-    if run is None:
-        raise Http404("this share link does not exist or was revoked")
+    run = shared_run_or_404(token)
     return _config_download(run)
 
 
