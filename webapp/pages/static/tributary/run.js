@@ -177,10 +177,8 @@ function setupCheckpoints() {
     const tr = document.createElement("tr");
     tr.dataset.seq = String(event.seq);
     const cell = (...content) => { const td = document.createElement("td"); td.append(...content); tr.append(td); return td; };
-    const path = document.createElement("code");
-    path.textContent = event.path;
+    // No path: where the worker keeps it is no business of the page (the API has it).
     cell(String(event.step));
-    cell(path);
     cell(formatBytes(event.bytes));
     cell(timeElement(new Date())).className = "hide-narrow";
     body.append(tr);
