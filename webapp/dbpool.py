@@ -18,6 +18,8 @@ import logging
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from webapp.pages.errors import API_PREFIX, page_without_request
+
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 5
@@ -45,7 +47,7 @@ def busy_response(request: HttpRequest, *, api: bool) -> HttpResponse:
     if api:
         response: HttpResponse = JsonResponse({"detail": MESSAGE}, status=503)
     else:
-        response = HttpResponse(MESSAGE, status=503, content_type="text/plain; charset=utf-8")
+        response = page_without_request(request.path, "503.html", 503, MESSAGE)
     response["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
@@ -61,5 +63,5 @@ class PoolExhaustedMiddleware:
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if pool_exhausted(exception):
-            return busy_response(request, api=request.path_info.startswith("/api/"))
+            return busy_response(request, api=request.path_info.startswith(API_PREFIX))
         return None

@@ -25,14 +25,14 @@ from collections.abc import Iterable
 from urllib.parse import unquote_to_bytes
 
 from django.core.handlers.wsgi import get_bytes_from_wsgi
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.deprecation import MiddlewareMixin
 
 from webapp.inputs import text_problem
+from webapp.pages.errors import API_PREFIX, page_without_request
 
 log = logging.getLogger(__name__)
 
-API_PREFIX = "/api/"
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
@@ -92,4 +92,4 @@ class RejectUnstorableInput(MiddlewareMixin):
             return None
         if request.path_info.startswith(API_PREFIX):
             return JsonResponse({"detail": problem}, status=400)
-        return HttpResponseBadRequest(problem, content_type="text/plain; charset=utf-8")
+        return page_without_request(request.path, "400.html", 400, problem)

@@ -134,6 +134,32 @@ def test_a_request_for_another_host_is_a_400_in_the_layout(client: Client) -> No
     assert "evil.example" not in html  # the page does not echo what the server refused
 
 
+def test_text_the_database_cannot_store_is_a_400_in_the_layout_naming_the_parameter(
+    client_for: Callable[..., Client], member: Any, django_assert_num_queries: Any
+) -> None:
+    """Refused by webapp.middleware before the session exists: the page renders without it."""
+    client = client_for(member)
+    with django_assert_num_queries(0):
+        response = client.get("/?status=a%00b")
+    html = assert_in_layout(response, 400, "Bad request")
+    assert "status" in html.split('id="error-detail">')[1].split("</p>")[0]
+    api = client.get("/api/runs?status=a%00b")
+    assert api.status_code == 400 and "status" in api.json()["detail"]
+
+
+def test_an_exhausted_connection_pool_is_a_503_in_the_layout(django_assert_num_queries: Any) -> None:
+    """webapp.dbpool's answer to a page that could not get a connection: the layout, without
+    touching the database it could not reach, and Retry-After."""
+    from django.test import RequestFactory
+
+    from webapp.dbpool import MESSAGE, busy_response
+
+    with django_assert_num_queries(0):
+        response = busy_response(RequestFactory().get("/projects/1/"), api=False)
+    html = assert_in_layout(response, 503, "The server is busy")
+    assert MESSAGE in html and int(response["Retry-After"]) > 0
+
+
 @pytest.mark.urls(__name__)
 def test_a_failing_view_is_a_500_in_the_layout_without_a_query(
     client_for: Callable[..., Client], member: Any, django_assert_num_queries: Any

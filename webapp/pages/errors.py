@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template import loader
 
-from webapp.middleware import API_PREFIX
+API_PREFIX = "/api/"  # what is under it answers JSON, never a page
 
 # What the page says when the exception carries no message of its own.
 NOT_FOUND = "There is no page at this address, or it belongs to a team you are not in."
@@ -72,12 +72,19 @@ def page_not_found(request: HttpRequest, exception: BaseException | None = None)
     return _page(request, "404.html", 404, {"detail": _message(exception, NOT_FOUND)})
 
 
+def page_without_request(path: str, template: str, status: int, detail: str) -> HttpResponse:
+    """An error page in the layout rendered with no request, hence no context processors: no
+    session, user or database read. For what fails before those exist or because they failed:
+    the 500, the 503 of an exhausted connection pool (``webapp.dbpool``) and the 400 for input
+    the database cannot store (``webapp.middleware``, which runs before the session)."""
+    body = loader.get_template(template).render({"request_path": path, "detail": detail})
+    return HttpResponse(body, status=status)
+
+
 def server_error(request: HttpRequest) -> HttpResponse:
     if _is_api(request):
         return JsonResponse({"detail": SERVER_ERROR}, status=500)
-    # No request, hence no context processors: no session, user or database read.
-    body = loader.get_template("500.html").render({"request_path": request.path, "detail": SERVER_ERROR_PAGE})
-    return HttpResponse(body, status=500)
+    return page_without_request(request.path, "500.html", 500, SERVER_ERROR_PAGE)
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
