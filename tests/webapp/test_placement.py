@@ -58,10 +58,12 @@ def test_why_a_run_waits() -> None:
     cpu = worker("cpu@a", ["cpu"])
     small_gpu = worker("gpu@b", ["gpu"], gpus=1, backends=("torch", "vllm", "deepspeed"))
     assert placement.waiting_reason({}, "cpu", []).startswith("Waiting for a worker: none is online.")
-    assert "TRIBUTARY_QUEUES=gpu python -m jobs.worker" in placement.waiting_reason({}, "gpu", [])
+    # Words for a page: where to look, not a shell command (the Workers page has that).
+    assert "queue 'gpu' connects (the Workers page says how to start one)" in placement.waiting_reason({}, "gpu", [])
+    assert "python -m" not in placement.waiting_reason({}, "gpu", [])
     assert placement.waiting_reason({}, "pool-a", [cpu, small_gpu]) == (
         "Waiting for a worker: no online worker serves queue 'pool-a' (served: cpu, gpu). "
-        "Start one with TRIBUTARY_QUEUES=pool-a, or launch the run on another queue."
+        "Start one for 'pool-a' (the Workers page says how), or launch the run on another queue."
     )
     assert placement.waiting_reason(GPU_CONFIG, "gpu", [cpu, small_gpu]) == (
         "Waiting for a worker: no worker on queue 'gpu' has what the run needs "

@@ -66,15 +66,15 @@ def waiting_reason(config: dict[str, Any], queue: str, workers: list[WorkerEntry
     need = requirements(config)
     if not workers:
         return (
-            WAITING + f"none is online. Start one that serves queue '{queue}' "
-            f"(TRIBUTARY_QUEUES={queue} python -m jobs.worker); the run starts when it connects."
+            WAITING + f"none is online. The run starts when a worker serving queue '{queue}' connects "
+            "(the Workers page says how to start one)."
         )
     on_queue = [w for w in workers if queue in w.capabilities.queues]
     if not on_queue:
         served = sorted({q for w in workers for q in w.capabilities.queues})
         return (
             WAITING + f"no online worker serves queue '{queue}' (served: {', '.join(served) or 'none'}). "
-            f"Start one with TRIBUTARY_QUEUES={queue}, or launch the run on another queue."
+            f"Start one for '{queue}' (the Workers page says how), or launch the run on another queue."
         )
     lacking = [(w, missing(w.capabilities, need)) for w in on_queue]
     if all(reasons for _, reasons in lacking):
