@@ -28,6 +28,7 @@ from engine.contracts import (
     CLOSE_WRONG_RUN,
 )
 from jobs.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
+from jobs.registry import registry_from_env
 from tests.webapp.event_builders import a_run_of, metrics, status
 from webapp.asgi import application
 from webapp.live import announce
@@ -35,7 +36,7 @@ from webapp.live.consumers import CLOSE_NOT_FOUND
 from webapp.runs.choices import RunStatus
 from webapp.runs.ingest import store_events
 from webapp.runs.models import MetricPoint, Run, ShareLink
-from webapp.runs.services import request_cancel
+from webapp.runs.services import create_run, request_cancel
 from webapp.runs.sweeper import sweep_lost_runs
 from webapp.runs.tokens import ingest_token
 
@@ -334,6 +335,22 @@ async def test_watchers_hear_of_a_change_once_it_commits_and_never_of_one_rolled
     await sync_to_async(request_cancel)(run)
     message = await table.receive_json_from(timeout=TIMEOUT)
     assert (message["run"], message["status"]) == (run.pk, "cancelled")
+
+
+async def test_a_new_run_reaches_the_open_runs_table_at_once(watch, project, member, valid_config) -> None:
+    """Created and queued: open runs tables and landing pages list it before any worker speaks,
+    also when a worker is online to take it (so no waiting message is written to announce it)."""
+    from tests.webapp.test_placement import worker
+
+    registry = registry_from_env()
+    registry.publish(worker("cpu@live-test", ["cpu"]), ttl=60)
+    try:
+        table = await watch(f"/ws/projects/{project.pk}/", member)
+        run = await sync_to_async(create_run)(project, member, valid_config, name="fresh", queue="cpu")
+        message = await table.receive_json_from(timeout=TIMEOUT)
+        assert (message["run"], message["status"], message["message"]) == (run.pk, "queued", "")
+    finally:
+        registry.remove("cpu@live-test")
 
 
 async def test_the_sweeper_marks_silent_runs_lost_and_says_so(watch, make_run, project, member) -> None:

@@ -114,7 +114,8 @@ failed_token_checks = FailedTokenChecks()
 
 
 class TokenAuth(HttpBearer):
-    """``Authorization: Bearer <token>`` with a personal API token (create one at POST /api/tokens)."""
+    """``Authorization: Bearer <token>`` with a personal API token (made on the settings page or
+    with POST /api/tokens)."""
 
     def __call__(self, request: HttpRequest) -> Any | None:
         header = request.headers.get(self.header)
@@ -132,7 +133,7 @@ class TokenAuth(HttpBearer):
         user = ApiToken.user_for(token)
         if user is None:
             failed_token_checks.failed(request)
-            raise AuthenticationError(message="the API token is unknown or revoked: create a new one")
+            raise AuthenticationError(message="the API token is unknown, expired or revoked: create a new one")
         request.user = user
         return user
 

@@ -2,14 +2,15 @@
 
 Only a SHA-256 hash of a token is stored, with a short visible prefix so its owner can tell
 tokens apart; the plaintext is shown once, when the token is created. A revoked token keeps
-its row (which tokens existed, when they were last used) and stops working at once.
+its row (which tokens existed, when they were last used) and stops working at once; so does a
+token past its optional expiry. Create and revoke them through ``webapp.api.services``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -33,6 +34,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the token stops working by itself; empty: never."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -41,16 +45,21 @@ class ApiToken(models.Model):
         return f"{self.prefix}... ({self.name}) of {self.user}"
 
     @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
     def is_active(self) -> bool:
-        return self.revoked_at is None
+        return self.revoked_at is None and not self.is_expired
 
     @classmethod
-    def issue(cls, user: Any, name: str) -> tuple[ApiToken, str]:
+    def issue(cls, user: Any, name: str, expires_at: datetime | None = None) -> tuple[ApiToken, str]:
         """A new token for ``user``: the stored row and the plaintext (never stored)."""
         plaintext = TOKEN_MARK + secrets.token_urlsafe(32)
         token = cls.objects.create(
             user=user,
             name=name,
+            expires_at=expires_at,
             prefix=plaintext[: len(TOKEN_MARK) + PREFIX_CHARS],
             key_hash=hash_token(plaintext),
         )
@@ -61,12 +70,15 @@ class ApiToken(models.Model):
         """The active user a live token belongs to, else None; notes when the token was used."""
         if not plaintext or not plaintext.startswith(TOKEN_MARK) or len(plaintext) > 200:
             return None
+        now = timezone.now()
         token = (
-            cls.objects.select_related("user").filter(key_hash=hash_token(plaintext), revoked_at=None).first()
+            cls.objects.select_related("user")
+            .filter(key_hash=hash_token(plaintext), revoked_at=None)
+            .filter(models.Q(expires_at=None) | models.Q(expires_at__gt=now))
+            .first()
         )
         if token is None or not token.user.is_active:
             return None
-        now = timezone.now()
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_EVERY:
             cls.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.user

@@ -118,6 +118,10 @@ class TokenIn(Schema):
             raise ValueError("must not be blank")
         return value
 
+    expires_at: datetime | None = Field(
+        default=None, description="When the token stops working by itself (ISO 8601); omit: never."
+    )
+
 
 class TokenOut(Schema):
     id: int
@@ -125,8 +129,9 @@ class TokenOut(Schema):
     prefix: str = Field(description="The token's first characters, to tell tokens apart.")
     created_at: datetime
     last_used_at: datetime | None
+    expires_at: datetime | None
     revoked_at: datetime | None
-    active: bool
+    active: bool = Field(description="Neither revoked nor expired: the token works.")
 
 
 class TokenCreatedOut(TokenOut):

@@ -28,9 +28,10 @@ from django.db.models import (
     Subquery,
     Value,
 )
+from django.db.models.fields.json import KT
 from django.db.models.functions import Floor, Greatest, Least
 
-from webapp.runs.choices import LogLevel, RunStatus
+from webapp.runs.choices import ACTIVE_STATUSES, FINAL_STATUSES, LogLevel, RunStatus
 from webapp.runs.models import LogLine, MetricPoint, Run, Sample, ShareLink
 
 # --- runs --------------------------------------------------------------------------------
@@ -50,6 +51,34 @@ RUN_SORTS = {
 def runs_visible_to(user: Any) -> QuerySet[Run]:
     """The runs of the teams ``user`` has a role in."""
     return Run.objects.filter(project__team__memberships__user=user)
+
+
+def _run_rows(user: Any) -> QuerySet[Run]:
+    """The caller's runs as a list of runs shows them (the landing page): project and team in the
+    same query, ``total_steps`` read from the config by the database (the config itself, the
+    notes and the summary are left behind: a list has no use for them)."""
+    return (
+        runs_visible_to(user)
+        .select_related("project__team")
+        .defer("config", "notes", "summary")
+        .annotate(total_steps=KT("config__trainer__total_steps"))
+    )
+
+
+def active_runs_for(user: Any, limit: int) -> list[Run]:
+    """Up to ``limit`` runs of ``user``'s teams that are queued, starting or running, newest
+    first, in one query. A run's ``total_steps`` is its config's (text, or None)."""
+    return list(_run_rows(user).filter(status__in=ACTIVE_STATUSES).order_by("-created_at", "-id")[:limit])
+
+
+def recent_runs_for(user: Any, limit: int) -> list[Run]:
+    """The ``limit`` runs of ``user``'s teams that finished last (whatever their final state),
+    in one query."""
+    return list(
+        _run_rows(user)
+        .filter(status__in=FINAL_STATUSES)
+        .order_by(F("finished_at").desc(nulls_last=True), "-id")[:limit]
+    )
 
 
 def run_with_details(run: Run) -> Run:

@@ -120,6 +120,8 @@ def create_run(
             # A resume numbers its own events from 1; its series continue after the step.
             last_step=resume_from.step if resume_from else 0,
         )
+        # Open runs tables and landing pages list it at once, not at its first status change.
+        announce.status_changed(run.pk)
         # robust with Redis: a broker that is down does not fail the launch; the run is stored as
         # queued and the reconciler (webapp.runs.reconcile) sends it once the broker is back. The
         # file broker's reconciler cannot see a missing message, so a failed write is an error.
