@@ -144,6 +144,18 @@ def new_context(browser: Any, viewport: dict[str, int] = WIDE) -> tuple[Any, Con
     return context, Console().attach(context)
 
 
+def signed_in_page(
+    browser: Any, site: Site, username: str, viewport: dict[str, int], path: str = "/"
+) -> tuple[Any, Any, Console]:
+    """A new context at ``viewport``, signed in as ``username`` through the login form, showing
+    ``path``: ``(context, page, console)``."""
+    context, console = new_context(browser, viewport)
+    page = context.new_page()
+    sign_in(page, site, username)
+    page.goto(f"{site.url}{path}")
+    return context, page, console
+
+
 def sign_in(page: Any, site: Site, username: str) -> None:
     """Through the real login form."""
     page.goto(f"{site.url}/login/")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from jobs.shipper import EventShipper
-from tests.e2e.browser import NARROW, WIDE, Site, new_context, no_errors, running_site, screenshot, sign_in
+from tests.e2e.browser import NARROW, WIDE, Site, no_errors, running_site, screenshot, signed_in_page
 from tests.e2e.harness import WAIT
 from tests.tiny_runs import tiny_config
 
@@ -47,10 +47,7 @@ def test_the_landing_page_moves_a_run_from_active_to_recent_without_a_reload(
 
     pages, contexts, consoles = [], [], []
     for viewport in (WIDE, NARROW):
-        context, console = new_context(browser, viewport)
-        page = context.new_page()
-        sign_in(page, site, "e2e")
-        page.goto(f"{site.url}/")
+        context, page, console = signed_in_page(browser, site, "e2e", viewport, "/")
         page.wait_for_selector("body[data-live-state=open]")
         assert page.inner_text(f"{active} [data-role=status-badge]") == "Queued"
         assert page.locator("#recent-empty").is_visible()

@@ -27,10 +27,9 @@ from tests.e2e.browser import (
     NARROW,
     WIDE,
     Site,
-    new_context,
     running_site,
     screenshot,
-    sign_in,
+    signed_in_page,
 )
 from tests.e2e.harness import WAIT
 from tests.tiny_runs import tiny_config
@@ -82,10 +81,7 @@ def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
     contexts = []
     consoles = []
     for viewport in (WIDE, NARROW):
-        context, console = new_context(browser, viewport)
-        page = context.new_page()
-        sign_in(page, site, "e2e")
-        page.goto(f"{site.url}/runs/{run_id}/")
+        context, page, console = signed_in_page(browser, site, "e2e", viewport, f"/runs/{run_id}/")
         page.wait_for_selector("body[data-history-loaded]")
         page.wait_for_selector("#live-state[data-state=open]")
         # Survives only as long as the document does: a reload would drop it.
@@ -186,10 +182,7 @@ def test_the_compare_button_opens_a_compare_page_that_adds_runs(site: Site, brow
         for name in ("first", "second")
     ]
     for viewport, label in ((WIDE, "1440"), (NARROW, "390")):
-        context, console = new_context(browser, viewport)
-        page = context.new_page()
-        sign_in(page, site, "e2e")
-        page.goto(f"{site.url}/runs/{ids[0]}/")
+        context, page, console = signed_in_page(browser, site, "e2e", viewport, f"/runs/{ids[0]}/")
         page.click("#compare-link")
         page.wait_for_url(f"**/compare/?runs={ids[0]}")
         page.wait_for_selector("body[data-history-loaded]")

@@ -22,11 +22,10 @@ from tests.e2e.browser import (
     NARROW,
     WIDE,
     Site,
-    new_context,
     no_errors,
     running_site,
     screenshot,
-    sign_in,
+    signed_in_page,
 )
 
 pytestmark = pytest.mark.slow
@@ -97,10 +96,7 @@ FIRST_COLOUR = (0x21, 0x60, 0xC4)  # charts.js PALETTE[0], a panel's first metri
 @pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["wide", "narrow"])
 def test_charts_log_ticks_and_one_point(site: Site, browser: Any, run_id: int, viewport: dict) -> None:
     test = f"small-things-charts-{viewport['width']}"
-    context, console = new_context(browser, viewport)
-    page = context.new_page()
-    sign_in(page, site, "e2e")
-    page.goto(f"{site.url}/runs/{run_id}/")
+    context, page, console = signed_in_page(browser, site, "e2e", viewport, f"/runs/{run_id}/")
     page.wait_for_selector("body[data-history-loaded]")
     page.wait_for_selector(f"{panel('group:eval')} canvas")
     page.wait_for_selector(f"{panel('lr')}[data-y-ticks]")
@@ -140,10 +136,7 @@ def test_charts_log_ticks_and_one_point(site: Site, browser: Any, run_id: int, v
 
 @pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["wide", "narrow"])
 def test_rollout_cards_are_coloured_by_reward(site: Site, browser: Any, run_id: int, viewport: dict) -> None:
-    context, console = new_context(browser, viewport)
-    page = context.new_page()
-    sign_in(page, site, "e2e")
-    page.goto(f"{site.url}/runs/{run_id}/")
+    context, page, console = signed_in_page(browser, site, "e2e", viewport, f"/runs/{run_id}/")
     page.click("#tab-rollouts")
     page.locator("#rollouts").scroll_into_view_if_needed()  # it loads when it comes into view
     page.wait_for_selector("#rollout-browser .rollout-group")
@@ -166,10 +159,7 @@ def test_rollout_cards_are_coloured_by_reward(site: Site, browser: Any, run_id: 
 
 @pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["wide", "narrow"])
 def test_launch_error_summary_counts_its_errors(site: Site, browser: Any, viewport: dict) -> None:
-    context, console = new_context(browser, viewport)
-    page = context.new_page()
-    sign_in(page, site, "e2e")
-    page.goto(f"{site.url}/projects/{site.project}/new/")
+    context, page, console = signed_in_page(browser, site, "e2e", viewport, f"/projects/{site.project}/new/")
     page.wait_for_selector("#config-editor[data-mode=form]")
     page.fill("#f-rollout-n", "0")
     page.fill("#f-optimizer-lr", "-1")
@@ -196,10 +186,7 @@ def test_launch_error_summary_counts_its_errors(site: Site, browser: Any, viewpo
 def test_runs_table_filter_has_no_console_errors(
     site: Site, browser: Any, run_id: int, viewport: dict
 ) -> None:
-    context, console = new_context(browser, viewport)
-    page = context.new_page()
-    sign_in(page, site, "e2e")
-    page.goto(f"{site.url}/projects/{site.project}/")
+    context, page, console = signed_in_page(browser, site, "e2e", viewport, f"/projects/{site.project}/")
     page.wait_for_selector(f"#run-row-{run_id}")
     # Typing (debounced input), a status box (change; leaving the search box once fired a
     # second request that aborted the first, which htmx logs as console errors), the Apply

@@ -50,7 +50,16 @@ def _storable_json(value: Any) -> Any:
     return value
 
 
+def _not_blank(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise ValueError("must not be blank")
+    return value
+
+
 Text = Annotated[str, AfterValidator(_storable_text)]
+# A name: storable text, surrounding blanks stripped, and something left.
+Name = Annotated[str, AfterValidator(_storable_text), AfterValidator(_not_blank)]
 JsonValue = Annotated[Any, AfterValidator(_storable_json)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
 Id = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
@@ -106,17 +115,9 @@ class MeOut(Schema):
 
 
 class TokenIn(Schema):
-    name: Text = Field(
+    name: Name = Field(
         min_length=1, max_length=100, description="What the token is for (a script, a machine)."
     )
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise ValueError("must not be blank")
-        return value
 
     expires_at: datetime | None = Field(
         default=None, description="When the token stops working by itself (ISO 8601); omit: never."
@@ -148,17 +149,9 @@ class TeamRef(Schema):
 
 
 class ProjectIn(Schema):
-    name: Text = Field(min_length=1, max_length=100)
+    name: Name = Field(min_length=1, max_length=100)
     slug: Text = Field("", max_length=100, description="URL name; derived from the name when empty.")
     description: Text = Field("", max_length=10_000)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise ValueError("must not be blank")
-        return value
 
     @field_validator("slug")
     @classmethod
@@ -285,18 +278,9 @@ class RunCreateIn(Schema):
 
 
 class RunPatchIn(Schema):
-    name: Text | None = Field(None, min_length=1, max_length=200)
+    name: Name | None = Field(None, min_length=1, max_length=200)
     tags: list[Text] | None = None
     notes: Text | None = Field(None, max_length=100_000)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str | None) -> str | None:
-        if value is not None:
-            value = value.strip()
-            if not value:
-                raise ValueError("must not be blank")
-        return value
 
     @field_validator("tags")
     @classmethod
