@@ -123,7 +123,9 @@ def test_stopping_the_worker_checkpoints_its_run_and_ships_the_end(
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait()
     events = read_log(tmp_path / "runs" / "22" / "events.jsonl")
-    assert fake.events() == events
+    # On a mismatch, the worker's own account of the drain (its log) says why.
+    worker_log = (tmp_path / "worker.log").read_text(errors="replace")[-4000:]
+    assert fake.events() == events, (fake.summary(), len(events), worker_log)
     assert events[-1]["state"] == "cancelled" and fake.status == "cancelled"
     ckpt = [e for e in events if e["type"] == "checkpoint"][-1]
     assert Path(ckpt["path"]).is_dir()
