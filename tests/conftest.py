@@ -35,17 +35,26 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", arch="qwen2", size="tiny", seed=0)
 
 
+def on_postgresql() -> bool:
+    """This pytest's web app database is PostgreSQL (``make test``'s second pass sets DATABASE_URL)."""
+    return os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that must run in a process of their own (``@pytest.mark.child_only("VAR")``: the
     Triton interpreter, vLLM's process-wide settings) are collected only where ``VAR`` is "1"
     (the child pytest their ``@pytest.mark.parent_only("VAR")`` test starts); everywhere else
-    they are deselected, not skipped, and the parent test is deselected inside the child."""
+    they are deselected, not skipped, and the parent test is deselected inside the child.
+    Likewise ``@pytest.mark.postgresql`` tests (PostgreSQL's own behaviour: its connection pool,
+    terminating a backend) are collected only in the PostgreSQL pass of ``make test``."""
     keep, drop = [], []
+    postgresql = on_postgresql()
     for item in items:
         child = item.get_closest_marker("child_only")
         parent = item.get_closest_marker("parent_only")
         inside = lambda m: os.environ.get(m.args[0]) == "1"  # noqa: E731
-        if (child and not inside(child)) or (parent and inside(parent)):
+        wrong_database = item.get_closest_marker("postgresql") is not None and not postgresql
+        if (child and not inside(child)) or (parent and inside(parent)) or wrong_database:
             drop.append(item)
         else:
             keep.append(item)

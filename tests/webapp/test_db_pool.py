@@ -32,10 +32,6 @@ from tests.e2e.harness import Deployment, wait_until
 from webapp.config import database_from_url, database_pool_from_env
 
 SERVER_URL = os.environ.get("DATABASE_URL", "")
-on_postgres_server = pytest.mark.skipif(
-    not SERVER_URL.startswith(("postgres://", "postgresql://")),
-    reason="the connection pool is PostgreSQL's: runs in the PostgreSQL pass (DATABASE_URL=postgres://...)",
-)
 
 # --- the pool's settings -----------------------------------------------------------------
 
@@ -170,7 +166,7 @@ def get(url: str, token: str, timeout: float = 120) -> tuple[int, Any, bytes]:
         return exc.code, exc.headers, exc.read()
 
 
-@on_postgres_server
+@pytest.mark.postgresql  # the connection pool is PostgreSQL's
 def test_many_concurrent_clients_never_exceed_the_pool(tmp_path: Path, site: dict[str, Any]) -> None:
     application = f"tributary-pooltest-{uuid.uuid4().hex[:8]}"
     web = deployment(
@@ -234,7 +230,7 @@ def test_many_concurrent_clients_never_exceed_the_pool(tmp_path: Path, site: dic
         web.stop_all()
 
 
-@on_postgres_server
+@pytest.mark.postgresql  # the connection pool is PostgreSQL's
 def test_a_request_that_gets_no_connection_in_time_is_a_503(tmp_path: Path, site: dict[str, Any]) -> None:
     import psycopg
 

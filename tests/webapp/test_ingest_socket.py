@@ -123,7 +123,8 @@ async def test_a_bad_event_is_quarantined_acked_and_shown(connections, ingest, w
     assert await sync_to_async(LogLine.objects.filter(run=run, seq=2, level="error").exists)()
 
 
-async def test_a_database_that_is_down_closes_1011_and_quarantines_nothing(connections, ingest, run, on_postgres) -> None:  # noqa: F811
+@pytest.mark.postgresql
+async def test_a_database_that_is_down_closes_1011_and_quarantines_nothing(connections, ingest, run) -> None:  # noqa: F811
     """The ingest's database connection dies mid-batch (its PostgreSQL backend is terminated, as
     in a server restart): the socket closes with 1011 so the worker resends, nothing is
     quarantined, and the resend on a new connection stores the batch.
@@ -131,8 +132,6 @@ async def test_a_database_that_is_down_closes_1011_and_quarantines_nothing(conne
     To hit the ingest's own connection and no other, the test holds the run's row lock: the
     ingest's ``SELECT ... FOR UPDATE`` waits for it, and the backend seen waiting is the one
     terminated."""
-    if not on_postgres:
-        pytest.skip("terminating the ingest's own database connection needs PostgreSQL")
     import threading
 
     from django.db import transaction
