@@ -133,3 +133,12 @@ def test_the_engines_status_event_reaches_the_browser_in_words(run: Run) -> None
     assert [e["message"] for e in stored.events] == ["training on cpu", STOPPED_WORDS]
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED and run.status_message == STOPPED
+
+
+def test_a_path_is_read_back_to_its_own_flag() -> None:
+    """Two "--resume" in one message (an earlier one quoted in the text): the path is the one just
+    before the marker, and only that part is rewritten."""
+    message = "tried --resume twice; --resume /r/1/checkpoints/step_000007: no checkpoint there (missing)"
+    assert status_words(message) == (
+        "tried --resume twice; the checkpoint of step 7 to resume from could not be read on this worker"
+    )

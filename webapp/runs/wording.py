@@ -43,16 +43,28 @@ _RULES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = [
     ),
     # engine/run.py, the starting status of a resumed run.
     (re.compile(r"^resuming from (/.+)$"), lambda m: f"resuming from {_checkpoint(m[1])}"),
-    # engine/checkpoint.py and engine/trainer/deepspeed_backend.py: a resume that found no checkpoint.
-    (
-        re.compile(r"--resume (.+?): no checkpoint there \([^)]*\)"),
-        lambda m: f"{_checkpoint(m[1])} to resume from could not be read on this worker",
-    ),
-    (
-        re.compile(r"--resume (.+?): no DeepSpeed checkpoint there \([^)]*\)"),
-        lambda m: f"{_checkpoint(m[1])} to resume from holds no DeepSpeed state",
-    ),
 ]
+
+# engine/checkpoint.py and engine/trainer/deepspeed_backend.py: "--resume PATH: no checkpoint
+# there (...)", a resume that found no checkpoint. Found by the literal marker and read
+# backwards, not by a pattern with a lazy path: ``--resume (.+?): no ...`` tries every
+# "--resume " to the end of the message, quadratic in a long message (29 s for 180 kB).
+_UNREADABLE = (
+    (": no checkpoint there (", "could not be read on this worker"),
+    (": no DeepSpeed checkpoint there (", "holds no DeepSpeed state"),
+)
+_RESUME_FLAG = "--resume "
+
+
+def _unreadable_resume(message: str) -> str:
+    for marker, words in _UNREADABLE:
+        end = message.find(marker)
+        start = message.rfind(_RESUME_FLAG, 0, end) if end >= 0 else -1
+        close = message.find(")", end + len(marker)) if start >= 0 else -1
+        if close >= 0:
+            path = message[start + len(_RESUME_FLAG) : end]
+            message = f"{message[:start]}{_checkpoint(path)} to resume from {words}{message[close + 1 :]}"
+    return message
 
 
 def status_words(message: str) -> str:
@@ -61,4 +73,4 @@ def status_words(message: str) -> str:
     docstring)."""
     for pattern, words in _RULES:
         message = pattern.sub(words, message)
-    return message
+    return _unreadable_resume(message)
