@@ -33,14 +33,16 @@ def last_seq_in(path: Path) -> int:
             try:
                 last = max(last, int(json.loads(raw)["seq"]))
             except RecursionError:  # nested past what the parser reads: the seq is at the start
-                match = _SEQ_AT_START.match(raw)
+                match = SEQ_AT_START.match(raw)
                 last = max(last, int(match.group(1))) if match else last
             except (ValueError, KeyError, TypeError):
                 continue
     return last
 
 
-_SEQ_AT_START = re.compile(rb'^\s*\{\s*"run"\s*:\s*(?:"[^"\\]{0,200}"|-?\d{1,20}|null)\s*,\s*"seq"\s*:\s*(\d{1,19})\s*[,}]')
+# Where the engine writes an event's seq: right at the start (``{"run":..,"seq":N,...``); read
+# without parsing a line json cannot (nested too deeply). The worker's shipper reads it too.
+SEQ_AT_START = re.compile(rb'^\s*\{\s*"run"\s*:\s*(?:"[^"\\]{0,200}"|-?\d{1,20}|null)\s*,\s*"seq"\s*:\s*(\d{1,19})\s*[,}]')
 
 
 def _finite(values: dict[str, float]) -> dict[str, float | None]:

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import random
-import re
 import socket
 import threading
 import time
@@ -47,6 +46,7 @@ from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketExcepti
 from websockets.sync.client import ClientConnection, connect
 
 from engine.contracts import FATAL_CLOSE_CODES
+from engine.events import SEQ_AT_START
 from jobs.protocol import (
     ATTACH_CLAIM,
     HELLO_CLAIMS,
@@ -235,10 +235,6 @@ class EventLog:
             self._fh = None
 
 
-# Where the engine writes an event's seq: right at the start (``{"run":..,"seq":N,...``).
-_SEQ_AT_START = re.compile(rb'^\s*\{\s*"run"\s*:\s*(?:"[^"\\]{0,200}"|-?\d{1,20}|null)\s*,\s*"seq"\s*:\s*(\d{1,19})\s*[,}]')
-
-
 def _seq_of(line: bytes) -> int | None:
     return _inspect(line)[0]
 
@@ -251,7 +247,7 @@ def _inspect(line: bytes) -> tuple[int | None, str]:
     try:
         event = json.loads(line)
     except RecursionError:
-        match = _SEQ_AT_START.match(line)
+        match = SEQ_AT_START.match(line)
         return (int(match.group(1)) if match else None), "nested too deeply to parse"
     except ValueError:
         return None, ""
