@@ -72,19 +72,26 @@ class Orchestrator:
         self.checkpoint_extra = checkpoint_extra
         self.progress = progress
         self.stop_requested = False
+        self.stop_signal = ""  # the signal that asked for the stop, logged by the run loop
         self.history: list[dict[str, float]] = []
 
     # -- signals -------------------------------------------------------------------------
 
     @contextmanager
     def _cancel_on_signals(self):
-        """SIGTERM/SIGINT ask for a clean stop: finish the step, checkpoint, exit cancelled."""
+        """SIGTERM/SIGINT ask for a clean stop: finish the step, checkpoint, exit cancelled.
+
+        The handler only sets flags. Python runs it between bytecodes of the main thread, which
+        may be inside ``EventSink.emit`` writing ``events.jsonl``: logging from the handler would
+        re-enter that buffered writer (``RuntimeError: reentrant call``) and turn a clean cancel
+        into a crash. The run loop logs the signal once it has left the step.
+        """
 
         def handler(signum: int, _frame: object) -> None:
             if self.stop_requested:  # a second signal: stop now
                 raise KeyboardInterrupt
+            self.stop_signal = signal.Signals(signum).name
             self.stop_requested = True
-            self.sink.log("warning", f"received {signal.Signals(signum).name}: checkpointing and stopping")
 
         old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -165,6 +172,8 @@ class Orchestrator:
                 if self._due(step, cfg.checkpoint.every_steps) and step < total:
                     self.save(step)
                     saved_at = step
+            if self.stop_signal:
+                self.sink.log("warning", f"received {self.stop_signal}: checkpointing and stopping")
             if saved_at != step and (self.stop_requested or cfg.checkpoint.save_final):
                 self.save(step)
         return RunOutcome("cancelled" if self.stop_requested else "succeeded", step, last_metrics)

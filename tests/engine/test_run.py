@@ -118,6 +118,8 @@ def cancel_then_resume(cfg: dict, tmp_path: Path, *, after_step: int = 1, more_s
     assert proc.returncode == EXIT_CANCELLED, stderr
     events = read_events(events_path)
     assert events[-1]["type"] == "status" and events[-1]["state"] == "cancelled"
+    said = [e["message"] for e in events if e["type"] == "log" and "received SIGTERM" in e["message"]]
+    assert said == ["received SIGTERM: checkpointing and stopping"], said
     ckpt = [e for e in events if e["type"] == "checkpoint"][-1]
     stopped_at = ckpt["step"]
     assert after_step <= stopped_at < total
@@ -198,3 +200,33 @@ def test_every_preset_trains_end_to_end(preset: str, tiny_model_dir: Path, tmp_p
             assert "actor/kl_loss" in values
         if cfg.algorithm.use_kl_in_reward:
             assert any("kl" in k and not k.startswith("actor/kl_loss") for k in values), sorted(values)
+
+
+def test_a_signal_during_an_event_write_writes_nothing_inside_it(tmp_path: Path) -> None:
+    """SIGTERM lands between bytecodes of the main thread, possibly inside ``EventSink.emit``.
+    A handler that logged there re-entered the writer: into a real file that is ``RuntimeError:
+    reentrant call inside BufferedWriter`` (a clean cancel became a crash, exit 1); here, where
+    the stream raises the signal in the middle of a write, it would put an event inside another
+    and out of seq order. The handler must only flag the stop; the run loop logs it."""
+    import io
+
+    from engine.events import EventSink
+    from engine.pipeline.orchestrator import Orchestrator
+
+    class SignalMidWrite(io.StringIO):
+        armed = True
+
+        def write(self, text: str) -> int:
+            if self.armed:
+                self.armed = False
+                signal.raise_signal(signal.SIGTERM)
+            return super().write(text)
+
+    stream = SignalMidWrite()
+    loop = Orchestrator.__new__(Orchestrator)  # only the signal handling: no model is needed
+    loop.sink, loop.stop_requested, loop.stop_signal = EventSink("r", stream), False, ""
+    with loop._cancel_on_signals():
+        loop.sink.heartbeat()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [e["type"] for e in lines] == ["heartbeat"]
+    assert loop.stop_requested and loop.stop_signal == "SIGTERM"
