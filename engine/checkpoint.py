@@ -4,7 +4,8 @@ A checkpoint is a directory ``<run_dir>/checkpoints/step_<N>/`` holding the poli
 transformers model directory (``model.safetensors``, config, tokenizer: usable as
 ``model.path`` of a new run), ``optimizer.pt`` (optimiser and scheduler; a DeepSpeed run has its ranks' partitions in
 ``deepspeed/`` instead), and ``state.json``
-(step, last event seq, data position, RNG states, controller values, the config, and the partial
+(step, last event seq, data position with the prompt statistics and the selection's draw count
+(``sampler``: ``engine/data/selection.py``), RNG states, controller values, the config, and the partial
 rollouts in flight that a resume continues). It is
 written into a temporary directory and renamed into place, so a crash never leaves a
 half-written checkpoint where resume would find it.
@@ -70,7 +71,9 @@ def save_checkpoint(
     """Write a checkpoint atomically; ``write_model(dir)`` writes the weights and optimiser.
 
     Returns the checkpoint's path and its size in bytes. Older checkpoints beyond
-    ``keep_last`` are deleted after the new one is in place.
+    ``keep_last`` are deleted after the new one is in place, and so are those of later steps:
+    they belong to a branch this run left when it resumed from an earlier checkpoint (a rewind),
+    so neither "the latest checkpoint" nor the pruning may take them for this branch's.
     """
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -87,9 +90,16 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     nbytes = sum(f.stat().st_size for f in _files(final))
-    for old in list_checkpoints(run_dir)[:-keep_last]:
+    later = [p for p in list_checkpoints(run_dir) if _step_of(p) > state.step]
+    kept = [p for p in list_checkpoints(run_dir) if p not in later]
+    for old in later + kept[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final, nbytes
+
+
+def _step_of(checkpoint: Path) -> int:
+    digits = checkpoint.name.removeprefix("step_")
+    return int(digits) if digits.isdigit() else -1
 
 
 def _files(directory: Path) -> list[Path]:

@@ -152,6 +152,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     return code
 
 
-def _print_progress(step: int, total: int, loss: float) -> None:
+def _print_progress(step: int, total: int, loss: float, accuracy: float | None) -> None:
     if step == total or step % max(1, total // 20) == 0:
-        print(f"  warm-up {step}/{total} loss {loss:.3f}", file=sys.stderr)
+        checked = f" accuracy {accuracy:.0%}" if accuracy is not None else ""
+        print(f"  warm-up {step}/{total} loss {loss:.3f}{checked}", file=sys.stderr)

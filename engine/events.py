@@ -17,6 +17,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -117,6 +118,9 @@ class EventSink:
         else:
             self._fh = target
         self.seq = start_seq
+        # Called with (level, source, message) for every ``log`` (engine.log_bridge mirrors
+        # them into the engine's stderr, so the run's full log holds them too).
+        self.on_log: Callable[[str, str, str], None] | None = None
 
     @staticmethod
     def _repair_torn_tail(path: Path) -> None:
@@ -158,6 +162,8 @@ class EventSink:
         return self.emit("checkpoint", durable=True, step=step, path=path, bytes=nbytes)
 
     def log(self, level: str, message: str) -> int:
+        if self.on_log is not None:
+            self.on_log(level, "engine", message)
         return self.emit("log", level=level, message=message)
 
     def heartbeat(self) -> int:

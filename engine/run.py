@@ -22,9 +22,12 @@ import torch
 from engine.checkpoint import load_state, resolve_checkpoint, restore_rng
 from engine.config import RunConfig
 from engine.contracts import EXIT_CANCELLED, EXIT_SUCCEEDED
-from engine.data import PromptSampler, load_prompts
+from engine.data import PromptSelector, load_prompts
 from engine.events import EventHeartbeat, EventSink
+from engine.log_bridge import LogBridge
 from engine.models import load_model, load_tokenizer, resolve_model_path
+from engine.models.starter import recipe_for, starter_path
+from engine.phases import Phases, data_words, model_files
 from engine.pipeline.async_loop import AsyncOrchestrator
 from engine.pipeline.learner import Learner, needs_reference
 from engine.pipeline.orchestrator import Orchestrator
@@ -107,43 +110,54 @@ def execute(
     (``_follow``); every rank leaves the process group before it exits (left to the interpreter's
     exit, gloo's threads can abort a rank: "terminate called without an active exception").
     """
-    kwargs = {"events": events, "resume": resume, "show_progress": show_progress, "run_id": run_id, "start_seq": start_seq}
     if cfg.trainer.backend != "deepspeed":
-        return _execute(cfg, **kwargs)
+        return _execute(cfg, _open_run(cfg, events, resume, run_id, start_seq), show_progress)
+    from engine.ranks import rank_info
     from engine.trainer.deepspeed_backend import init_distributed
 
+    rank, world, _ = rank_info()
+    opened = _open_run(cfg, events, resume, run_id, start_seq) if rank == 0 else None
+    if opened is not None and world > 1:
+        # Joining can take as long as the slowest rank's start: say so before waiting for them.
+        opened.sink.status("starting", f"starting {world} ranks: waiting for each to join")
     init_distributed(pick_device(cfg.trainer.device).type)  # NCCL/gloo; each rank's GPU
     try:
-        return _follow(cfg) if torch.distributed.get_rank() != 0 else _execute(cfg, **kwargs)
+        return _execute(cfg, opened, show_progress) if opened is not None else _follow(cfg)
     finally:
         torch.distributed.destroy_process_group()
 
 
-def _execute(
-    cfg: RunConfig,
-    *,
-    events: str | None,
-    resume: str | None,
-    show_progress: bool | None,
-    run_id: str | None,
-    start_seq: int | None,
-) -> int:
-    run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+class _Opened:
+    """A run's event sink and the checkpoint it resumes from (rank 0 alone opens them)."""
+
+    def __init__(self, sink: EventSink, checkpoint: Path | None, state: Any) -> None:
+        self.sink, self.checkpoint, self.state = sink, checkpoint, state
+
+
+def _open_run(
+    cfg: RunConfig, events: str | None, resume: str | None, run_id: str | None, start_seq: int | None
+) -> _Opened:
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = resolve_checkpoint(resume) if resume else None
     state = load_state(checkpoint) if checkpoint else None
     sink = EventSink(
         run_id or (state.extra.get("run_id") if state else None) or uuid.uuid4().hex[:12],
-        events if events is not None else run_dir / "events.jsonl",
+        events if events is not None else cfg.run_dir / "events.jsonl",
         start_seq=start_seq if start_seq is not None else (state.last_seq if state else 0),
     )
+    return _Opened(sink, checkpoint, state)
+
+
+def _execute(cfg: RunConfig, opened: _Opened, show_progress: bool | None) -> int:
+    run_dir = cfg.run_dir
+    sink, checkpoint, state = opened.sink, opened.checkpoint, opened.state
     if show_progress is None:
         show_progress = cfg.logging.progress == "on" or (
             cfg.logging.progress == "auto" and sys.stderr.isatty()
         )
-    sink.status("starting", f"resuming from {checkpoint}" if checkpoint else "loading model and data")
+    sink.status("starting", f"resuming from {checkpoint}" if checkpoint else "preparing the run")
     try:
-        with EventHeartbeat(sink, cfg.logging.heartbeat_s):
+        with LogBridge(sink), EventHeartbeat(sink, cfg.logging.heartbeat_s):
             outcome_state, step = _train(cfg, sink, run_dir, checkpoint, state, show_progress)
     except KeyboardInterrupt:
         sink.status("cancelled", "interrupted before a checkpoint could be written")
@@ -172,23 +186,32 @@ def _execute(
 def _train(
     cfg: RunConfig, sink: EventSink, run_dir: Path, checkpoint: Path | None, state: Any, show_progress: bool
 ) -> tuple[str, int]:
+    phase = Phases(sink)
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     device = train_device(cfg)
-    path = resolve_model_path(cfg.model, cfg.data)
+    path = _model_path(cfg, phase)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    phase(f"loading the model ({model_files(path)}) on {device}")
     model = load_model(path, dtype=dtype, device=device)
     tokenizer = load_tokenizer(path)
+    phase(f"loading the data ({data_words(cfg.data)})")
     splits = load_prompts(cfg.data, tokenizer, seed=cfg.trainer.seed)
     if splits.skipped_too_long:
         sink.log(
             "warning", f"{splits.skipped_too_long} prompts longer than data.max_prompt_length were skipped"
         )
-    sampler = PromptSampler(splits.train, shuffle=cfg.data.shuffle, seed=cfg.trainer.seed)
+    sampler = PromptSelector.from_config(cfg, splits.train)
+    if cfg.rollout.backend == "vllm":
+        phase(f"starting vLLM for the rollouts ({len(splits.train)} training prompts loaded)")
+    elif cfg.rollout.in_own_process:
+        phase(f"starting the rollout process ({len(splits.train)} training prompts loaded)")
     backend = build_rollout_backend(cfg, model, tokenizer, path, device)
+    phase(f"preparing the {cfg.trainer.backend} trainer ({len(splits.train)} training prompts loaded)")
     trainer = make_trainer(cfg.trainer.backend, model, cfg, device=device, need_reference=needs_reference(cfg))
     learner = Learner(cfg, trainer)
     start_step = 0
     if checkpoint is not None:
+        phase(f"restoring the checkpoint of step {state.step}")
         trainer.load(checkpoint)
         trainer.load_state(state.trainer)
         sampler.load_state_dict(state.sampler)
@@ -242,6 +265,17 @@ def _train(
             backend.close()
             trainer.close()
     return outcome.state, outcome.step
+
+
+def _model_path(cfg: RunConfig, phase: Phases) -> Path:
+    """The run's model directory; a starter policy built on first use says how far its build is."""
+    if cfg.model.path != "starter" or cfg.data.source != "builtin":
+        return resolve_model_path(cfg.model, cfg.data)
+    if (starter_path(cfg.data.task, cfg.data.difficulty) / "starter.json").is_file():
+        return resolve_model_path(cfg.model, cfg.data)
+    target = recipe_for(cfg.data.task).target_accuracy
+    report = phase.starter(cfg.data.task, cfg.data.difficulty, target)
+    return resolve_model_path(cfg.model, cfg.data, progress=report)
 
 
 def build_rollout_backend(

@@ -81,7 +81,7 @@ def broker_settings(environ: dict[str, str] | os._Environ[str] | None = None) ->
 def make_app(environ: dict[str, str] | None = None) -> Celery:
     app = Celery("tributary")
     app.conf.update(broker_settings(environ))
-    app.conf.include = ["jobs.tasks"]
+    app.conf.include = ["jobs.tasks", "jobs.housekeeping"]
     return app
 
 

@@ -20,6 +20,11 @@ Web app -> worker
                 SIGKILL after the grace period).
     ``error``   ``{"type": "error", "code": 4422, "message": "..."}`` sent just before the
                 server closes with that code.
+    ``output_ack`` ``{"type": "output_ack", "offset": M}`` after each ``output`` chunk: the web app
+                holds the stream's bytes up to M; the worker goes on from M (also when M is below
+                what it sent: a gap, resend from M).
+    ``hello`` also carries ``output_stream`` and ``output_offset``: the output stream the web app
+                holds (``""``: none) and up to which byte (a web app without them takes no ``output``).
 
 Worker -> web app
     ``attach``  ``{"type": "attach", "host": "gpu-7", "pid": 123}`` once, after ``hello``.
@@ -27,6 +32,13 @@ Worker -> web app
                 starting right after the last ack; at most ``MAX_BATCH_EVENTS`` events and
                 ``MAX_MESSAGE_BYTES`` bytes per message.
     ``ping``    ``{"type": "ping"}``: the worker is alive (also while the engine is silent).
+    ``output``  ``{"type": "output", "stream": "host:dev:inode", "offset": N, "data": "<base64>"}``:
+                the engine's stdout and stderr (``engine.log``, all its ranks and child processes)
+                from byte N of that file, at most ``OUTPUT_CHUNK_BYTES``, cut after a newline when it
+                can be. Its own byte cursor, apart from the events' seq, idempotent the same way: the
+                worker resumes the stream ``hello`` names at its offset (a run resumed on the same
+                machine appends to the same file, so what its lost engine wrote meanwhile arrives
+                too), or starts another stream where its own engine's output begins.
 
 Shipping is stop-and-wait per batch: send a batch, wait for its ack, send the next from
 ``ack + 1``. On reconnect (with exponential backoff) the worker starts again after the
@@ -45,6 +57,10 @@ MAX_EVENT_DEPTH = 64
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_BATCH_EVENTS = 500
+OUTPUT_CHUNK_BYTES = 1024 * 1024  # raw bytes of one ``output`` message (base64 keeps it under the limit)
+HELLO_OUTPUT_OFFSET = "output_offset"
+HELLO_OUTPUT_STREAM = "output_stream"
+OUTPUT_STREAM_MAX_CHARS = 200
 
 # How often a connected worker pings, and how long without hearing from it makes a run lost.
 PING_INTERVAL_S = 10.0

@@ -23,10 +23,15 @@ One ``EventShipper`` per run, in its own thread, speaking ``jobs/protocol.py`` w
 - Tokens: ``hello`` and ``ack`` may carry a fresh token, used for the next connection.
 - ``ping`` when nothing was sent for ``ping_interval`` seconds; ``cancel`` (and a ``hello``)
   go to the owner through callbacks called from the shipper thread.
+- The engine's own output (``output``: an ``OutputLog`` over ``engine.log``, set by the owner once
+  the engine starts) goes in ``output`` chunks between event batches, events first, with its own
+  byte cursor: where ``hello`` says the web app's copy of this file ends (else where this engine's
+  output begins), then each ``output_ack``. Draining ships its last line even without a newline.
 """
 
 from __future__ import annotations
 
+import base64
 import bisect
 import contextlib
 import json
@@ -50,11 +55,14 @@ from engine.events import SEQ_AT_START
 from jobs.protocol import (
     ATTACH_CLAIM,
     HELLO_CLAIMS,
+    HELLO_OUTPUT_OFFSET,
+    HELLO_OUTPUT_STREAM,
     INGEST_PATH,
     MAX_BATCH_EVENTS,
     MAX_EVENT_DEPTH,
     MAX_MESSAGE_BYTES,
     MSG_CLAIM,
+    OUTPUT_CHUNK_BYTES,
     PING_INTERVAL_S,
 )
 
@@ -235,6 +243,50 @@ class EventLog:
             self._fh = None
 
 
+class OutputLog:
+    """The engine's output file, read in chunks of whole lines from any byte offset of it.
+
+    ``base`` is where this engine's output begins (a file the worker appends to may hold an
+    earlier attempt's before it); ``stream`` names the file (host, device, inode), so the web app
+    can tell its own copy of this very file from another's. A chunk ends after its last newline;
+    a chunk with none goes whole when it is full (a line longer than a chunk is split) or when
+    ``final``."""
+
+    def __init__(self, path: str | Path, base: int = 0, *, chunk_bytes: int = OUTPUT_CHUNK_BYTES) -> None:
+        self.path = Path(path)
+        self.base = base
+        self.chunk_bytes = chunk_bytes
+        self._waiting: tuple[int, int] | None = None  # (offset, file size) where only a partial line was
+
+    @property
+    def stream(self) -> str:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return ""
+        return f"{socket.gethostname()[:120]}:{st.st_dev}:{st.st_ino}"
+
+    def read(self, offset: int, *, final: bool = False) -> bytes:
+        """The next chunk from stream position ``offset`` (b"" when there is none yet). Polled
+        often: the file is read only when it grew since a read found nothing to send."""
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            return b""
+        if size <= offset or (not final and self._waiting == (offset, size)):
+            return b""
+        with self.path.open("rb") as fh:
+            fh.seek(offset)
+            data = fh.read(self.chunk_bytes)
+        cut = data.rfind(b"\n") + 1
+        if cut and not final:
+            return data[:cut]
+        if final or len(data) >= self.chunk_bytes:
+            return data
+        self._waiting = (offset, size)
+        return b""
+
+
 def _seq_of(line: bytes) -> int | None:
     return _inspect(line)[0]
 
@@ -345,6 +397,10 @@ class EventShipper:
         self.gave_up = False  # the drain timeout passed first
         self.last_error_message = ""  # the last ``error`` message the web app sent
         self.quarantined: list[int] = []  # seqs the web app could not store (ack.quarantined)
+        self.output: OutputLog | None = None  # the engine's output, once the owner started it
+        self.output_acked: int | None = None  # the web app's output cursor in ``output``'s file
+        # (stream, offset) the web app said it holds; None: it takes no output
+        self._output_hello: tuple[str, int] | None = None
         self.done = threading.Event()
 
         self._stop = threading.Event()
@@ -453,6 +509,10 @@ class EventShipper:
             first = self.connections == 0
             self.connections += 1
             self.acked_seq = hello.last_seq
+            offset, stream = hello.raw.get(HELLO_OUTPUT_OFFSET), hello.raw.get(HELLO_OUTPUT_STREAM)
+            usable = isinstance(offset, int) and not isinstance(offset, bool) and isinstance(stream, str)
+            self._output_hello = (stream, offset) if usable else None
+            self.output_acked = None
             if self.on_hello is not None and not self.on_hello(hello, first):
                 self.declined = True
                 ws.close()
@@ -487,6 +547,8 @@ class EventShipper:
                 ws.send(message.decode("utf-8"))
                 self._last_sent = time.monotonic()
                 self._wait_ack(ws, batch[-1][0])
+            elif self._ship_output(ws):
+                continue
             elif self._finishing.is_set():
                 self.drained = True
                 log.info("run %s: all events up to seq %d acked", self.run_id, self.acked_seq)
@@ -494,6 +556,41 @@ class EventShipper:
                 return
             else:
                 self._idle(ws, self.poll_interval)
+
+    def _ship_output(self, ws: ClientConnection) -> bool:
+        """Send the next chunk of the engine's output and wait for its ack; False: nothing to send."""
+        output, said = self.output, self._output_hello
+        if output is None or said is None:
+            return False
+        stream = output.stream
+        if self.output_acked is None:  # the first chunk of this connection: the web app's copy, or ours
+            # The same file (a run resumed on this machine): from where the web app's copy ends, so
+            # what a lost engine wrote after its worker died arrives too; another file: our own output.
+            self.output_acked = said[1] if said[0] == stream else output.base
+        offset = self.output_acked
+        data = output.read(offset, final=self._finishing.is_set())
+        if not data:
+            return False
+        encoded = base64.b64encode(data).decode("ascii")
+        self._send(ws, {"type": "output", "stream": stream, "offset": offset, "data": encoded})
+        deadline = time.monotonic() + self.ack_timeout
+        while True:
+            left = min(deadline - time.monotonic(), self._time_left())
+            if left <= 0 or self._stop.is_set():
+                raise _Reconnect(f"no ack for the output from byte {offset}")
+            msg = self._recv(ws, min(left, self._until_ping(), 1.0))
+            if msg is None:
+                self._ping_if_due(ws)
+                continue
+            if msg.get("type") == "output_ack":
+                held = msg.get("offset")
+                if not isinstance(held, int) or isinstance(held, bool) or held < 0:
+                    raise _Reconnect(f"an output_ack without a usable offset: {msg!r}")
+                self.output_acked = held
+                return True
+            if msg.get("type") == "ack":
+                continue
+            self._handle(msg)
 
     # -- messages --------------------------------------------------------------------------
 

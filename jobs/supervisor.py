@@ -13,7 +13,8 @@
    ``python -m engine run config.json --events events.jsonl ...`` in its own process group,
    stdout and stderr to ``engine.log``, under ``jobs/launcher.py`` and confined
    (``jobs/confine.py``: a scrubbed environment, Landlock, no capabilities); a log event says
-   how it is confined, or why it is not.
+   how it is confined, or why it is not. What the engine writes to ``engine.log`` from then on
+   is shipped too (``OutputLog``), for the run page's Logs tab and its full-log download.
 3. Ships events while the engine runs. A ``cancel`` (or a later ``hello`` saying the run is
    final or a cancel is pending, a fatal refusal of the socket, or the worker shutting down:
    ``cancel_all``) sends SIGTERM to the engine's process group (the engine checkpoints and
@@ -59,7 +60,7 @@ from engine.paths import DATA_DIR_ENV, data_dir
 from engine.rewards.policy import RewardPolicy
 from jobs.confine import ConfinementPlan, confine_mode, engine_environment, landlock_abi
 from jobs.protocol import HELLO_CLAIMS
-from jobs.shipper import EventShipper, Hello
+from jobs.shipper import EventShipper, Hello, OutputLog
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ CONNECT_TIMEOUT_ENV = "TRIBUTARY_CONNECT_TIMEOUT"
 DEFAULT_WEB_URL = "http://127.0.0.1:8000"
 
 STDERR_TAIL_LINES = 40
+ENGINE_STARTING = "starting the engine process"
 
 CONFIG_FILE = "config.json"
 EVENTS_FILE = "events.jsonl"
@@ -418,7 +420,8 @@ class RunSupervisor:
         return plan
 
     def _say_how_confined(self, plan: ConfinementPlan) -> None:
-        """One log event before the engine's own, so the run's page says how it is confined."""
+        """One log event before the engine's own, so the run's page says how it is confined, and
+        the status line says the engine is starting."""
         if not plan.hidden:
             level, message = "warning", "this run is not confined (TRIBUTARY_CONFINE=off): it can read the worker's files"
         elif landlock_abi() == 0:
@@ -435,6 +438,9 @@ class RunSupervisor:
         sink = EventSink(str(self.run_id), self.events_path, start_seq=self._seq_floor())
         try:
             sink.log(level, message)
+            # The run's status line until the engine speaks (importing torch alone takes seconds):
+            # the engine's own phases follow (engine/phases.py).
+            sink.status("starting", ENGINE_STARTING)
         finally:
             sink.close()
 
@@ -445,6 +451,8 @@ class RunSupervisor:
         # delivered again to this machine appends to the same log).
         self._log_start = self.events_path.stat().st_size if self.events_path.exists() else 0
         self._say_how_confined(plan)
+        # The engine's output goes to the web app too, from where this engine's own begins.
+        shipper.output = OutputLog(self.engine_log_path, self._output_start())
         with self.engine_log_path.open("ab") as out:
             self.proc = proc = subprocess.Popen(
                 self.engine_command(config_path, plan),
@@ -471,6 +479,9 @@ class RunSupervisor:
             self._wake.clear()
         _signal_group(proc.pid, signal.SIGKILL)  # helpers the engine left behind, if any
         return code
+
+    def _output_start(self) -> int:
+        return self.engine_log_path.stat().st_size if self.engine_log_path.exists() else 0
 
     def _escalate(self, proc: subprocess.Popen[bytes]) -> None:
         now = time.monotonic()

@@ -14,6 +14,8 @@
 - ``LOGIN_FAILURE_LIMIT``/``LOGIN_LOCKOUT`` and ``API_TOKEN_FAILURE_LIMIT``/``API_TOKEN_LOCKOUT``:
   throttling of failed sign-ins and failed API token checks (below).
 - ``TRIBUTARY_HTTPS`` and its overrides, ``CSP_MODE``: headers and cookies for TLS (below).
+- ``TRIBUTARY_WEBHOOKS_ALLOW_PRIVATE`` (default false): alert webhooks may call private and
+  loopback addresses (a receiver inside the team's network; ``webapp.alerts.webhooks``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ INSTALLED_APPS = [
     "csp",
     "webapp.teams",
     "webapp.runs",
+    "webapp.alerts",
     "webapp.api",
     "webapp.pages",
     "webapp.embedded",
@@ -199,6 +202,8 @@ AXES_VERBOSE = False
 # failures count: a client with a valid token is never throttled. 0 turns it off.
 API_TOKEN_FAILURE_LIMIT = env_int("API_TOKEN_FAILURE_LIMIT", 50, minimum=0)
 API_TOKEN_LOCKOUT = env_int("API_TOKEN_LOCKOUT", 15 * 60, minimum=1)
+
+TRIBUTARY_WEBHOOKS_ALLOW_PRIVATE = env_bool("TRIBUTARY_WEBHOOKS_ALLOW_PRIVATE", default=False)
 
 # --- Headers and cookies for TLS deployments -------------------------------------------------
 # TRIBUTARY_HTTPS=1 (the site is served over https, usually by a proxy in front): secure session

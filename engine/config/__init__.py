@@ -30,7 +30,7 @@ from engine.config.loading import (
     read_config_file,
     resolve_preset,
 )
-from engine.config.model_data import DataConfig, FieldMapping, ModelConfig
+from engine.config.model_data import DataConfig, FieldMapping, ModelConfig, SelectionOptions
 from engine.config.presets import PRESETS
 from engine.config.reward import RewardConfig, RewardFunctionConfig
 from engine.config.rollout import RolloutConfig
@@ -57,6 +57,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "Section",
+    "SelectionOptions",
     "TrainerConfig",
     "apply_overrides",
     "build_config",

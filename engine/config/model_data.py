@@ -37,6 +37,50 @@ class FieldMapping(Section):
     )
 
 
+class SelectionOptions(Section):
+    """``data.selection_options``: how the weighted selections of ``data.selection`` draw
+    (``engine/data/selection.py`` has the formulas and the papers)."""
+
+    explore: float = Field(
+        0.1,
+        gt=0.0,
+        le=1.0,
+        title="Exploration floor",
+        description="Share of each batch (rounded up: at least one prompt) drawn by the uniform epoch sampler, "
+        "whatever the weights: with N prompts and m of them a batch, any (2N - 1) / m consecutive batches draw "
+        "every prompt, so none starves.",
+    )
+    temperature: float = Field(
+        0.1,
+        gt=0.0,
+        title="Temperature (difficulty_targeted)",
+        description="tau in w(p) = exp(-|p - 0.5| / tau): smaller concentrates on pass rates nearer 0.5.",
+    )
+    alpha: float = Field(
+        1.0, ge=0.0, title="Alpha (pace)", description="alpha in w(p) = p^alpha (1 - p)^beta."
+    )
+    beta: float = Field(1.0, ge=0.0, title="Beta (pace)", description="beta in w(p) = p^alpha (1 - p)^beta.")
+    pool: int = Field(
+        1024,
+        ge=1,
+        title="Candidates per batch",
+        description="Prompts drawn uniformly each batch for the weights to choose from (all of them when "
+        "there are fewer); larger concentrates more and costs more.",
+    )
+    references: int = Field(
+        256,
+        ge=1,
+        title="Reference prompts",
+        description="The most recently measured prompts from which a prompt never sampled gets its estimate.",
+    )
+    bandwidth: float = Field(
+        0.1,
+        gt=0.0,
+        title="Similarity bandwidth",
+        description="h in the kernel exp((cos - 1) / h) over character n-grams: smaller trusts only closer prompts.",
+    )
+
+
 class DataConfig(Section):
     source: Literal["builtin", "jsonl", "parquet", "disk"] = Field(
         "builtin",
@@ -89,6 +133,24 @@ class DataConfig(Section):
         description="Longer prompts are skipped (and counted in a metric).",
     )
     shuffle: bool = Field(True, title="Shuffle", description="Shuffle the training prompts each epoch.")
+    selection: Literal["uniform", "difficulty_targeted", "pace"] = Field(
+        "uniform",
+        title="Prompt selection",
+        description="'uniform': every prompt once per epoch. 'difficulty_targeted' (DOTS): prefer prompts whose "
+        "estimated pass rate is near 0.5. 'pace' (PACED): weight prompts by p^alpha (1 - p)^beta. Pass rates are "
+        "measured per prompt and estimated from similar prompts for those never sampled.",
+    )
+    selection_options: SelectionOptions = Field(default_factory=SelectionOptions, title="Selection options")
+
+    @model_validator(mode="after")
+    def _selection_weights(self) -> DataConfig:
+        o = self.selection_options
+        if self.selection == "pace" and o.alpha == 0 and o.beta == 0:
+            raise ValueError(
+                "data.selection_options: alpha and beta are both 0, which gives every prompt the same weight "
+                "under data.selection 'pace'; raise one of them, or use data.selection 'uniform'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _path_for_files(self) -> DataConfig:

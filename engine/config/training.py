@@ -149,6 +149,13 @@ class LoggingConfig(Section):
         16, ge=0, le=4096, title="Samples per step", description="Rollouts sent as events each step."
     )
     heartbeat_s: float = Field(10.0, gt=0, title="Heartbeat (s)")
+    system_metrics_s: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        title="System metrics every (s)",
+        description="CPU, memory and GPUs of the run's processes, by phase (system/*); 0 = off.",
+    )
     progress: Literal["auto", "on", "off"] = Field(
         "auto", title="Progress bar", description="'auto' shows it when stderr is a terminal."
     )

@@ -6,6 +6,8 @@ Public API::
     PromptSplits(train, eval, skipped_too_long, skipped_too_long_eval, dropped_overlap)
     load_prompts(cfg: DataConfig, tokenizer, *, seed) -> PromptSplits
     PromptSampler(prompts, *, shuffle, seed): next_batch(k), state_dict(), load_state_dict(s)
+    PromptSelector(prompts, *, selection, options, shuffle, seed, group_size) (data.selection):
+        the sampler's API plus observe(uid, values, step), metrics() and the prompt statistics
     format_prompt(raw, cfg, tokenizer) -> str;  encode_prompt(tokenizer, text, *, chat_template_applied)
     get_task(name) -> task with .name and .score(completion, answer, metadata) -> float
     DataError (ValueError)
@@ -23,6 +25,7 @@ from engine.data.prompts import (
     load_prompts,
     uses_chat_template,
 )
+from engine.data.selection import PromptSelector
 from engine.data.tasks import TASKS, TaskItem, get_task
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "DataError",
     "Prompt",
     "PromptSampler",
+    "PromptSelector",
     "PromptSplits",
     "TaskItem",
     "apply_prompt_template",

@@ -44,7 +44,10 @@ from engine.paths import starter_dir
 STARTER_VERSION = 1
 """Bump when the starter recipe or code changes in a way the recipe hash does not capture."""
 
-ProgressFn = Callable[[int, int, float], None]
+ProgressFn = Callable[[int, int, float, float | None], None]
+"""``progress(step, total, loss, accuracy)`` of a build: ``accuracy`` is the last validation
+check's (None before the first), which is what a watcher needs to judge how far the build is
+(it stops early once it reaches the recipe's ``target_accuracy``)."""
 
 
 @dataclass(frozen=True)
@@ -147,8 +150,8 @@ def _file_lock(path: Path) -> Iterator[None]:
 def starter_policy(task: str, difficulty: int = 1, *, progress: ProgressFn | None = None) -> Path:
     """The directory of the starter policy for a built-in task, building it on first use.
 
-    ``progress(step, total, loss)`` is called during a build (``total`` is the step cap;
-    the build may stop earlier). Safe to call from several processes at once: one builds,
+    ``progress(step, total, loss, accuracy)`` is called during a build (``total`` is the step
+    cap; the build may stop earlier, see ``ProgressFn``). Safe to call from several processes at once: one builds,
     the others wait for it and reuse the result.
     """
     from engine.data.tasks import check_difficulty
@@ -326,15 +329,16 @@ def build_starter(
             optimizer.step()
             step += 1
             loss_value = float(loss.detach())
-            if progress is not None:
-                progress(step, recipe.max_steps, loss_value)
-            if step % recipe.eval_every == 0 or step == recipe.max_steps:
+            checked = step % recipe.eval_every == 0 or step == recipe.max_steps
+            if checked:
                 val_acc = greedy_accuracy(model, tokenizer, val, recipe.max_new_tokens)
                 history.append(
                     {"step": step, "loss": round(loss_value, 4), "val_accuracy": round(val_acc, 4)}
                 )
-                if val_acc >= recipe.target_accuracy:
-                    break
+            if progress is not None:
+                progress(step, recipe.max_steps, loss_value, val_acc if history else None)
+            if checked and val_acc >= recipe.target_accuracy:
+                break
     model.eval()
     train_seconds = time.perf_counter() - t_train
     with _torch_threads(recipe.threads):

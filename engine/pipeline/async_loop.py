@@ -45,6 +45,7 @@ from engine.data import Prompt
 from engine.pipeline.orchestrator import Orchestrator, RunOutcome
 from engine.pipeline.partial import PartialGroup, PartialRolloutProducer, pool_state
 from engine.pipeline.producer import ProducedBatch
+from engine.system_metrics import PHASE
 
 
 class GateClosed(Exception):
@@ -206,7 +207,8 @@ class AsyncOrchestrator(Orchestrator):
             return 0.0
         version, weights = published
         t0 = time.perf_counter()
-        self.backend.update_weights(weights, version)
+        with PHASE("weight_sync"):
+            self.backend.update_weights(weights, version)
         return time.perf_counter() - t0
 
     # -- the seams of Orchestrator -----------------------------------------------------------
@@ -297,7 +299,8 @@ class AsyncOrchestrator(Orchestrator):
     def _sync_weights(self) -> dict[str, float]:
         """Publish a copy of the new weights; the producer loads it before its next batch."""
         t0 = time.perf_counter()
-        snapshot = {name: t.detach().clone() for name, t in self.trainer.rollout_weights().items()}
+        with PHASE("weight_sync"):
+            snapshot = {name: t.detach().clone() for name, t in self.trainer.rollout_weights().items()}
         with self._weights_lock:
             self._published = (self.trainer.policy_version, snapshot)
         return {"timing_s/weight_snapshot": time.perf_counter() - t0}

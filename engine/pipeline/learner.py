@@ -10,6 +10,7 @@ from engine.algorithms import AlgoConfig, apply_kl_penalty, get_adv_estimator_fn
 from engine.algorithms.off_policy import importance_weights
 from engine.batch import RolloutBatch
 from engine.config import RunConfig
+from engine.system_metrics import PHASE
 from engine.trainer import TrainerBackend
 from engine.trainer.actor import logprob_mismatch
 
@@ -68,6 +69,10 @@ class Learner:
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Fill ``old_log_probs``, ``ref_log_probs``, ``token_level_rewards`` and ``advantages``."""
+        with PHASE("train"):  # the trainer's forward passes: its memory, for the system metrics
+            return self._prepare(batch)
+
+    def _prepare(self, batch: RolloutBatch) -> dict[str, float]:
         a = self.cfg.algorithm
         metrics: dict[str, float] = {}
         mask = batch.response_mask
@@ -118,6 +123,7 @@ class Learner:
 
     def train(self, batch: RolloutBatch) -> dict[str, float]:
         t0 = time.perf_counter()
-        metrics = self.trainer.update_policy(batch)
+        with PHASE("train"):
+            metrics = self.trainer.update_policy(batch)
         metrics["timing_s/update"] = time.perf_counter() - t0
         return metrics

@@ -13,6 +13,7 @@ partial rollouts in flight, saved with a checkpoint and taken back on resume).
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +32,9 @@ from engine.pipeline.evaluate import evaluate
 from engine.pipeline.learner import Learner
 from engine.pipeline.metrics import rollout_metrics, sample_items
 from engine.pipeline.producer import ProducedBatch, RolloutProducer
+from engine.ranks import LAUNCHED_ENV
 from engine.rollout import RolloutBackend
+from engine.system_metrics import PHASE, ProcessTree, SystemSampler
 from engine.trainer import TrainerBackend
 
 
@@ -120,7 +123,8 @@ class Orchestrator:
     def _sync_weights(self) -> dict[str, float]:
         """Send the updated weights to the rollout backend before the next batch is generated."""
         t0 = time.perf_counter()
-        self.backend.update_weights(self.trainer.rollout_weights(), self.trainer.policy_version)
+        with PHASE("weight_sync"):
+            self.backend.update_weights(self.trainer.rollout_weights(), self.trainer.policy_version)
         return {"timing_s/weight_sync": time.perf_counter() - t0}
 
     def _sampler_state(self, step: int) -> dict[str, Any]:
@@ -145,6 +149,15 @@ class Orchestrator:
     def _eval(self) -> dict[str, float]:
         return evaluate(self.producer, self.eval_prompts, pass_k=self.cfg.trainer.eval_pass_k, seed=self.cfg.trainer.seed)
 
+    def _system_sampler(self) -> SystemSampler:
+        """The sampler of the run's process tree (``logging.system_metrics_s``; 0: none). Under
+        the ranks launcher (``engine/ranks.py``) the tree is the launcher's: every rank in it."""
+        interval = self.cfg.logging.system_metrics_s
+        if interval <= 0:
+            return SystemSampler.off()
+        root = os.getppid() if os.environ.get(LAUNCHED_ENV) else os.getpid()
+        return SystemSampler(interval, tree=ProcessTree(root))
+
     def _due(self, step: int, every: int) -> bool:
         return every > 0 and step % every == 0
 
@@ -152,7 +165,8 @@ class Orchestrator:
         cfg = self.cfg
         total = cfg.trainer.total_steps
         last_metrics: dict[str, float] = {}
-        with self._cancel_on_signals():
+        system = self._system_sampler()
+        with self._cancel_on_signals(), system:
             if start_step == 0 and self.eval_prompts:
                 m = self._eval()
                 self.sink.metrics(0, m)
@@ -164,6 +178,7 @@ class Orchestrator:
                 metrics = self.train_step(step)
                 if self._due(step, cfg.trainer.eval_every) or step == total:
                     metrics.update(self._eval())
+                metrics.update(system.step_metrics())
                 self.sink.metrics(step, metrics)
                 last_metrics = metrics
                 self.history.append(metrics)

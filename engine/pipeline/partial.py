@@ -49,10 +49,11 @@ import numpy as np
 
 from engine.batch import Rollout
 from engine.config import RunConfig
-from engine.data import Prompt, PromptSampler
+from engine.data import Prompt, PromptSampler, PromptSelector
 from engine.pipeline.producer import ProducedBatch, RolloutProducer, StepTally, seed_for
 from engine.rewards import RewardResult
 from engine.rollout import Completion, PromptCompletions
+from engine.system_metrics import PHASE
 
 
 @dataclass
@@ -221,7 +222,7 @@ class PartialRolloutProducer:
         self.pool_size = math.ceil(self.cfg.trainer.prompts_per_step * (1 + a.overprovision))
 
     @property
-    def sampler(self) -> PromptSampler:
+    def sampler(self) -> PromptSampler | PromptSelector:
         return self.producer.sampler
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -295,7 +296,8 @@ class PartialRolloutProducer:
         params = dataclasses.replace(params, max_new_tokens=self.chunk)
         backend = self.producer.backend
         t0 = time.perf_counter()
-        outputs: list[PromptCompletions] = backend.generate(prefixes, params)
+        with PHASE("generate"):
+            outputs: list[PromptCompletions] = backend.generate(prefixes, params)
         seconds = time.perf_counter() - t0
         version = backend.policy_version
         kept = 0
@@ -357,7 +359,8 @@ class PartialRolloutProducer:
             )
             for g in groups
         ]
-        return self.producer.score(prompts, outs, self.cfg.rollout.max_new_tokens, step)
+        with PHASE("score"):
+            return self.producer.score(prompts, outs, self.cfg.rollout.max_new_tokens, step)
 
     def produce(self, step: int) -> ProducedBatch:
         cfg = self.cfg
@@ -379,6 +382,7 @@ class PartialRolloutProducer:
                 rows, result = self._rollouts(ready, step)
                 tally.reward_s += time.perf_counter() - t0
                 tally.add_scored(rows, result)
+                self.producer.observe(rows, tally.accuracy_component, step)
                 continue
             unfinished = [g for g in self.in_flight if not g.finished]
             if len(tally.kept) + pending < want and unfinished:
@@ -409,5 +413,6 @@ class PartialRolloutProducer:
                     sum(len({v for v, _ in r.completion.segments}) > 1 for r in trained)
                     / max(1, len(trained))
                 ),
-            },
+            }
+            | self.producer.selection_metrics(),
         )

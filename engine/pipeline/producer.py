@@ -4,7 +4,9 @@ The producer owns the prompt sampler, the rollout backend and the reward manager
 to ``produce`` makes one step's batch: it samples ``prompts_per_step`` prompts, generates
 ``n`` completions each, scores them, and with dynamic sampling (DAPO, arXiv:2503.14476,
 section 3.2) drops groups whose rewards are all equal (they carry no GRPO gradient) and
-samples again until the batch is full or ``max_num_gen_batches`` rounds are spent.
+samples again until the batch is full or ``max_num_gen_batches`` rounds are spent. Every scored
+group, kept or filtered, is recorded in the prompt statistics of a :class:`PromptSelector`
+(``data.selection``), whose ``selection/*`` metrics join the step's.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import numpy as np
 
 from engine.batch import Rollout, RolloutBatch, collate, rollouts_from_groups
 from engine.config import RunConfig
-from engine.data import Prompt, PromptSampler
+from engine.data import Prompt, PromptSampler, PromptSelector
+from engine.data.prompt_stats import success_values
 from engine.rewards import RewardInput, RewardManager, RewardResult
 from engine.rollout import PromptCompletions, RolloutBackend, SamplingParams
+from engine.system_metrics import PHASE
 
 CORRECTNESS = re.compile(r"(task|math|exact_match)(_\d+)?")
 """Reward components that mean "the answer is right" (a repeated name gets ``_2``, ...):
@@ -51,7 +55,7 @@ class RolloutProducer:
         self,
         cfg: RunConfig,
         *,
-        sampler: PromptSampler,
+        sampler: PromptSampler | PromptSelector,
         backend: RolloutBackend,
         rewards: RewardManager,
         pad_id: int,
@@ -63,6 +67,25 @@ class RolloutProducer:
         self.rewards = rewards
         self.pad_id = pad_id
         self.decode = decode  # token ids -> text, for completions assembled from parts (partial rollouts)
+
+    def observe(self, rows: list[Rollout], accuracy_component: str | None, step: int) -> None:
+        """Record each scored group of ``rows`` (whole groups of ``rollout.n``, in order) in the prompt
+        statistics: success = the accuracy component when the reward has one, else the reward, in [0, 1]."""
+        if not isinstance(self.sampler, PromptSelector):
+            return
+        n = self.cfg.rollout.n
+        for start in range(0, len(rows), n):
+            group = rows[start : start + n]
+            scores = (
+                [r.components[accuracy_component] for r in group]
+                if accuracy_component
+                else [r.reward for r in group]
+            )
+            self.sampler.observe(group[0].prompt.uid, success_values(scores), step)
+
+    def selection_metrics(self) -> dict[str, float]:
+        """The step's ``selection/*`` metrics (none from a plain sampler)."""
+        return self.sampler.metrics() if isinstance(self.sampler, PromptSelector) else {}
 
     def sampling_params(self, *, n: int, temperature: float | None = None, seed: int | None = None) -> SamplingParams:
         r = self.cfg.rollout
@@ -81,9 +104,11 @@ class RolloutProducer:
     ) -> tuple[list[Rollout], RewardResult, float, float]:
         """Rollouts for ``prompts`` with their rewards, and (gen seconds, reward seconds)."""
         t0 = time.perf_counter()
-        groups = self.backend.generate([p.token_ids for p in prompts], params)
+        with PHASE("generate"):
+            groups = self.backend.generate([p.token_ids for p in prompts], params)
         t1 = time.perf_counter()
-        rows, result = self.score(prompts, groups, params.max_new_tokens, step)
+        with PHASE("score"):
+            rows, result = self.score(prompts, groups, params.max_new_tokens, step)
         return rows, result, t1 - t0, time.perf_counter() - t1
 
     def score(
@@ -129,13 +154,14 @@ class RolloutProducer:
                 tally.gen_tokens += sum(len(r.completion.token_ids) for r in rows)
                 before = len(tally.kept)
                 tally.add_scored(rows, result)
+                self.observe(rows, tally.accuracy_component, step)
                 if on_slice is not None and before < want:
                     on_slice(tally.kept[before:want])
                 if len(tally.kept) >= want:
                     break
             if len(tally.kept) >= want:
                 break
-        return tally.produced(self.pad_id)
+        return tally.produced(self.pad_id, self.selection_metrics())
 
 
 @dataclass

@@ -81,6 +81,8 @@ def test_sign_in_launch_watch_rollouts_cancel(site: Site, browser: Any, tiny_mod
     page.fill("#config-yaml", yaml.safe_dump(config, sort_keys=False))
     page.fill("#f-tags", "browser, e2e")
     screenshot(page, test, "new-run-yaml")
+    page.click("#review-submit")  # the review step: the diff against the preset, then the launch
+    page.wait_for_selector("#review")
     page.click("#launch-submit")
     page.wait_for_url(re.compile(r"/runs/\d+/$"))
     run_id = int(re.search(r"/runs/(\d+)/", page.url).group(1))

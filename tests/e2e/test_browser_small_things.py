@@ -165,7 +165,7 @@ def test_launch_error_summary_counts_its_errors(site: Site, browser: Any, viewpo
     page.fill("#f-optimizer-lr", "-1")
     page.fill("#f-queue", "bad queue!")
     console.allowed.append("status of 422")  # the refused form comes back as 422
-    page.click("#launch-submit")
+    page.click("#review-submit")
     page.wait_for_selector("#error-summary")
     shown = page.locator(".field-error").count() + page.locator("#error-summary li.general-error").count()
     listed = page.locator("#error-summary li").count()

@@ -1,5 +1,5 @@
 """Fault tests through real processes: the web app killed and restarted mid-run, and the
-worker killed mid-run, then its run resumed on the same machine. The engine's own event log is
+worker killed mid-run, then its run resumed (the same run, its next attempt) on the same machine. The engine's own event log is
 the source of truth: afterwards the events the web app stored are compared with it seq by seq
 (none missing, none twice), and a browser following the run over its socket got every metric
 once, in order."""
@@ -54,11 +54,11 @@ def test_a_killed_worker_is_lost_then_resumed_from_the_engines_last_checkpoint(
 ) -> None:
     """The killed worker's engine is told by its launcher (PR_SET_PDEATHSIG) to stop: it finishes
     its step, checkpoints and writes its final status, but nobody ships those events. The resume
-    must find them: the lost run's stored events become its engine's whole log, and the child
-    starts from that last checkpoint (numbered after its step), not from an older one the web
-    app knew."""
-    # LOST_AFTER: short, so the killed run is lost soon, yet long enough that the child, whose
-    # engine may be slow to start on a loaded machine, is not (a starting run gets 10 x LOST_AFTER).
+    must find them: the lost run's stored events become its engine's whole log, and its next
+    attempt starts from that last checkpoint (numbered after its step), not from an older one
+    the web app knew."""
+    # LOST_AFTER: short, so the killed run is lost soon, yet long enough that its next attempt,
+    # whose engine may be slow to start on a loaded machine, is not (a starting run gets 10 x LOST_AFTER).
     d = deployment(LOST_AFTER="10", SWEEP_EVERY="1")
     ids = d.setup()
     d.start_web()
@@ -89,31 +89,40 @@ def test_a_killed_worker_is_lost_then_resumed_from_the_engines_last_checkpoint(
     assert known["step"] < last_checkpoint["step"]
 
     d.api("PATCH", f"/runs/{run_id}", {"notes": "worker killed"})
-    child_id = d.api("POST", f"/runs/{run_id}/resume", {})["id"]
+    resumed = d.api("POST", f"/runs/{run_id}/resume", {})
+    assert resumed["id"] == run_id  # the same run continues (one URL, one history)
 
     # The lost run's stored events are now its engine's whole log (its refused final status is
     # kept as a log line), its last checkpoint included (the runs directory is on this machine).
-    parent = d.run(run_id)
-    assert parent["status"] == "lost" and parent["last_seq"] == log[-1]["seq"]
+    run = d.run(run_id)
+    assert run["status"] == "queued" and run["last_seq"] == log[-1]["seq"]
     assert_stored_matches(d.stored(run_id), log, log[-1]["seq"])
     assert d.api("GET", f"/runs/{run_id}/checkpoints")[-1]["step"] == last_checkpoint["step"]
-    # Resumed on another worker: a child run numbering its own events from 1, starting from
-    # that checkpoint, so its series continue right after the checkpoint's step.
-    child = d.run(child_id)
-    assert child["resume_from"]["step"] == last_checkpoint["step"]
-    assert (child["last_seq"], child["last_step"]) == (0, last_checkpoint["step"])
+    # Resumed on another worker: the next attempt of the run, from that checkpoint, its engine
+    # numbering its events after the stored ones in the same run directory.
+    assert run["resume_from"]["step"] == last_checkpoint["step"]
+    assert [(a["number"], a["status"], a["from_step"]) for a in run["attempts"]] == [
+        (1, "lost", None),
+        (2, "", last_checkpoint["step"]),
+    ]
     d.start_worker()
-    wait_until(
-        lambda: d.run(child_id)["last_step"] >= last_checkpoint["step"] + 2,
-        "the resumed run to train",
-        every=0.3,
-    )
-    d.api("POST", f"/runs/{child_id}/cancel")
-    child = d.wait_status(child_id, "cancelled")
-    child_log = d.engine_log(child_id)
-    assert child_log[0]["seq"] == 1
-    assert child["last_seq"] == child_log[-1]["seq"]
-    assert_stored_matches(d.stored(child_id), child_log, child["last_seq"])
-    steps = [e["step"] for e in child_log if e["type"] == "metrics"]
+
+    def trained() -> bool | None:
+        run = d.run(run_id)
+        return (
+            run["attempts"][-1]["first_step"] is not None and run["last_step"] >= last_checkpoint["step"] + 2
+        ) or None
+
+    wait_until(trained, "the resumed run to train", every=0.3)
+    d.api("POST", f"/runs/{run_id}/cancel")
+    run = d.wait_status(run_id, "cancelled")
+    whole = d.engine_log(run_id)
+    assert [e["seq"] for e in whole] == list(range(1, len(whole) + 1)), "one chain of seqs over both attempts"
+    assert run["last_seq"] == whole[-1]["seq"]
+    assert_stored_matches(d.stored(run_id), whole, run["last_seq"])
+    steps = [e["step"] for e in whole[len(log) :] if e["type"] == "metrics"]
     assert steps[0] == last_checkpoint["step"] + 1, (steps[:3], last_checkpoint)
     assert min(steps) > last_checkpoint["step"], steps
+    # One chart from step 0: every step once, nothing superseded (it resumed from its last step).
+    series = d.api("GET", f"/runs/{run_id}/metrics/series?max_points=20000&names=reward/mean")["series"][0]
+    assert series["step"] == list(range(1, run["last_step"] + 1))

@@ -6,7 +6,7 @@ build it again. First start: migrations, the demo login, team, project and one q
 run, a web server and a worker; the run reaches ``running``; Ctrl-C (SIGINT) stops the worker
 first, so the run ends ``cancelled`` with a checkpoint, then the web server; exit code 0 and no
 process left. Second start on the same data: the same login, the same single demo run, which
-resumes from its checkpoint on the new worker.
+resumes from its checkpoint on the new worker (the same run, its next attempt).
 
 Time limits here only keep a broken build from hanging; nothing asserts how fast anything is.
 """
@@ -322,11 +322,11 @@ def test_serve_runs_the_demo_stops_cleanly_and_reuses_its_data(data_dir: Path) -
         assert checkpoints and all(Path(c["path"]).is_dir() for c in checkpoints), checkpoints
         assert browser.get(f"/api/projects/{project_id}/runs")["total"] == 1  # no second demo run
 
-        # The checkpoint written on Ctrl-C resumes on the new worker.
-        status, child = browser.request("POST", f"/api/runs/{run_id}/resume", {})
-        assert status == 201, child
-        assert child["parent_id"] == run_id and child["parent_kind"] == "resume"
-        resumed = browser.wait_training(child["id"], again, RUNNING_TIMEOUT, after_step=run["last_step"])
+        # The checkpoint written on Ctrl-C resumes on the new worker: the same run, its next attempt.
+        status, resumed = browser.request("POST", f"/api/runs/{run_id}/resume", {})
+        assert status == 200, resumed
+        assert resumed["id"] == run_id and len(resumed["attempts"]) == 2
+        resumed = browser.wait_training(run_id, again, RUNNING_TIMEOUT, after_step=run["last_step"])
         assert resumed["status"] == "running"
 
         assert again.stop() == 0, again.output(200)

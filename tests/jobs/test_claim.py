@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 from jobs.app import SUPERVISE_TASK
 from jobs.protocol import HELLO_CLAIMS, MSG_CLAIM
 from jobs.shipper import ingest_url
-from jobs.supervisor import RUNS_DIR_ENV, RunResult, RunSupervisor
+from jobs.supervisor import ENGINE_STARTING, RUNS_DIR_ENV, RunResult, RunSupervisor
 from tests.e2e.harness import Deployment, assert_stored_matches, scratch_postgres
 from tests.tiny_runs import tiny_config
 
@@ -159,8 +159,8 @@ def test_of_two_supervisors_with_the_same_message_one_starts_the_engine(
     assert loser[0].state == "not claimed" and "another claim" in loser[0].error
     run = d.wait_status(run_id, "succeeded", "failed")
     log = d.engine_log(run_id)
-    # One engine ran: one "starting" status, one chain of seqs from 1.
-    assert [e["state"] for e in log if e["type"] == "status"].count("starting") == 1
+    # One engine ran: its supervisor said once that it starts it, one chain of seqs from 1.
+    assert [e["message"] for e in log if e["type"] == "status"].count(ENGINE_STARTING) == 1
     assert [e["seq"] for e in log] == list(range(1, len(log) + 1))
     assert run["status"] == "succeeded" and run["last_seq"] == log[-1]["seq"]
     assert_stored_matches(stored(d, run_id), log, run["last_seq"])

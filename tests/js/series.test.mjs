@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import test from "node:test";
 
-import { Series, SeriesStore, align, chartData, ema, sparse, stack, xRange } from "../../webapp/pages/static/tributary/series.js";
+import { Attempts, Series, SeriesStore, align, chartData, ema, sparse, stack, supersededView, xRange } from "../../webapp/pages/static/tributary/series.js";
 
 const history = (steps, values, extra = {}) => ({ step: steps, time: steps.map((s) => 1000 + s), value: values, ...extra });
 
@@ -145,4 +145,58 @@ test("one x value gets a padded range around it; several keep the range uPlot co
   assert.deepEqual(xRange([1, 2, 3], 1, 3), [1, 3]);
   assert.deepEqual(xRange([1, 2, 3], 1.5, 2.5), [1.5, 2.5]);
   assert.deepEqual(xRange([], null, null), [null, null]);
+});
+
+// A resume from an earlier step (webapp/runs/ingest.py, _supersede: the same rule).
+test("the first point of a later attempt rewinds at its step; nothing else does", () => {
+  const attempts = new Attempts(0);
+  assert.equal(attempts.rewindAt({ attempt: 1, step: 1 }), null); // the launch supersedes nothing
+  assert.equal(attempts.rewindAt({ attempt: 1, step: 2 }), null);
+  assert.equal(attempts.rewindAt({ attempt: 2, step: 3 }), 3); // resumed from the checkpoint of step 2
+  assert.equal(attempts.rewindAt({ attempt: 2, step: 4 }), null); // once per attempt
+  assert.equal(attempts.rewindAt({ attempt: 1, step: 9 }), null); // an older attempt never does
+  assert.equal(attempts.rewindAt({ step: 9 }), null); // an event of before attempts existed
+  // A page opened after attempt 3 logged holds its points already: they are no rewind.
+  const later = new Attempts(3);
+  assert.equal(later.rewindAt({ attempt: 3, step: 21 }), null);
+  assert.equal(later.rewindAt({ attempt: 4, step: 11 }), 11);
+});
+
+test("a rewind moves the points at its step and after aside, and the series goes on from there", () => {
+  const s = new Series(0, "reward");
+  for (let step = 1; step <= 6; step++) s.push(step, 1000 + step, step);
+  assert.equal(s.rewind(7), false); // a resume from the last step: nothing superseded
+  assert.equal(s.superseded, null);
+  assert.equal(s.rewind(3), true);
+  assert.deepEqual(s.step, [1, 2]);
+  assert.deepEqual(s.superseded, { step: [3, 4, 5, 6], time: [1003, 1004, 1005, 1006], value: [3, 4, 5, 6] });
+  assert.equal(s.push(3, 2003, 30), true); // the new attempt's step 3 is new to the series
+  assert.deepEqual([s.step, s.value], [[1, 2, 3], [1, 2, 30]]);
+  // A second rewind to the same step: two superseded points at step 3, in step order.
+  s.rewind(3);
+  assert.deepEqual(s.superseded.step, [3, 3, 4, 5, 6]);
+  assert.deepEqual(s.superseded.value, [3, 30, 4, 5, 6]);
+  // The superseded history from the API replaces what the page gathered (it has those too).
+  s.loadSuperseded({ step: [3, 4], time: [1, 2], value: [9, 9] });
+  assert.deepEqual(s.superseded.step, [3, 4]);
+});
+
+test("a downsampled history rewinds with its band", () => {
+  const s = new Series(0, "x");
+  s.load(history([1, 5, 9], [1, 2, 3], { downsampled: true, min: [0, 1, 2], max: [2, 3, 4] }));
+  s.rewind(5);
+  assert.deepEqual([s.step, s.lo, s.hi], [[1], [0], [2]]);
+});
+
+test("superseded points are drawn as a faded series of their own, never counted", () => {
+  const s = new Series(0, "reward");
+  assert.equal(supersededView(s), null);
+  for (let step = 1; step <= 4; step++) s.push(step, step, step);
+  s.rewind(3);
+  const view = supersededView(s);
+  assert.deepEqual([view.faded, view.name, view.step], [true, "reward", [3, 4]]);
+  const data = chartData([s, view]);
+  assert.deepEqual(data.x, [1, 2, 3, 4]);
+  assert.deepEqual(data.raw, [[1, 2, null, null], [null, null, 3, 4]]);
+  assert.equal(data.points, 2);
 });

@@ -117,7 +117,7 @@ def test_viewer_reads_everything_and_writes_nothing(
     [
         ("post", "/api/projects/{project}/runs", {"config": {}}, 201),
         ("patch", "/api/runs/{run}", {"notes": "ok"}, 200),
-        ("post", "/api/runs/{run}/resume", {}, 201),
+        ("post", "/api/runs/{run}/resume", {}, 200),
         ("post", "/api/runs/{run}/fork", {"changes": {"trainer": {"total_steps": 3}}}, 201),
         ("get", "/api/runs/{run}/shares", None, 200),
         ("post", "/api/runs/{run}/shares", None, 201),

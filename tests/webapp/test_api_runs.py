@@ -355,35 +355,42 @@ def crashed(make_run: Callable[..., Run], valid_config: dict[str, Any]) -> Run:
     return run
 
 
-def test_resume_picks_the_latest_checkpoint(crashed: Run, as_member: Client, member: Any) -> None:
+def test_resume_continues_the_same_run_from_the_latest_checkpoint(
+    crashed: Run, as_member: Client, member: Any
+) -> None:
     response = as_member.post(f"/api/runs/{crashed.pk}/resume", {}, content_type=JSON)
-    assert response.status_code == 201, response.content
+    assert response.status_code == 200, response.content
     body = response.json()
-    child = Run.objects.get(pk=body["id"])
     latest = crashed.checkpoints.get(step=28)
-    assert child.resume_from == latest and body["resume_from"]["id"] == latest.pk
-    assert (child.last_seq, child.last_step) == (0, 28)  # its own numbering; series after the step
-    assert child.parent == crashed and child.parent_kind == ParentKind.RESUME
-    assert (child.queue, child.tags, child.config) == ("gpu", ["long"], crashed.config)
-    assert child.status == RunStatus.QUEUED and child.created_by == member
-    assert body["parent"]["id"] == crashed.pk
+    assert body["id"] == crashed.pk and not Run.objects.filter(parent=crashed).exists()  # no child
+    run = Run.objects.get(pk=crashed.pk)
+    assert run.resume_from == latest and body["resume_from"]["id"] == latest.pk
+    # The history goes on: the cursor and the last step stay until the new attempt logs.
+    assert (run.status, run.last_seq, run.last_step, run.attempt_number) == (RunStatus.QUEUED, 120, 30, 2)
+    assert (run.queue, run.tags, run.name) == ("gpu", ["long"], "crashed")
+    assert [(a["number"], a["from_step"], a["status"]) for a in body["attempts"]] == [
+        (1, None, "lost"),
+        (2, 28, ""),
+    ]
+    assert run.attempts.get(number=2).created_by == member
 
 
 @pytest.mark.parametrize("chosen", [False, True])
 def test_resume_tells_the_worker_where_to_resume_from(
     crashed: Run, as_member: Client, chosen: bool, django_capture_on_commit_callbacks: Any
 ) -> None:
-    """Chosen: that checkpoint. Default: the parent's checkpoint directory, where the engine
-    takes the newest (possibly newer than any the web app heard of)."""
+    """Chosen: that checkpoint. Default: the run's checkpoint directory, where the engine
+    takes the newest (possibly newer than any the web app heard of). Either way its events
+    are numbered after the stored ones."""
     queue = f"resumetest-{int(chosen)}-{timezone.now().timestamp():.0f}"
     ckpt = crashed.checkpoints.get(step=10)
     body = {"queue": queue, **({"checkpoint_id": ckpt.pk} if chosen else {})}
     with django_capture_on_commit_callbacks(execute=True):
         response = as_member.post(f"/api/runs/{crashed.pk}/resume", body, content_type=JSON)
-    assert response.status_code == 201, response.content
+    assert response.status_code == 200, response.content
     _, kwargs = sent_task(queue)
     assert kwargs["resume_path"] == ("runs/crashed/ckpt-10" if chosen else "runs/crashed")
-    assert kwargs["start_seq"] == 0
+    assert kwargs["start_seq"] == 120 and kwargs["run_id"] == crashed.pk
 
 
 def test_resume_from_a_chosen_checkpoint_on_another_queue(crashed: Run, as_member: Client) -> None:
@@ -391,8 +398,9 @@ def test_resume_from_a_chosen_checkpoint_on_another_queue(crashed: Run, as_membe
     body = as_member.post(
         f"/api/runs/{crashed.pk}/resume", {"checkpoint_id": ckpt.pk, "queue": "cpu"}, content_type=JSON
     ).json()
-    child = Run.objects.get(pk=body["id"])
-    assert (child.resume_from, child.last_seq, child.last_step, child.queue) == (ckpt, 0, 10, "cpu")
+    run = Run.objects.get(pk=body["id"])
+    assert (run.pk, run.resume_from, run.last_seq, run.queue) == (crashed.pk, ckpt, 120, "cpu")
+    assert body["attempts"][-1]["from_step"] == 10
 
 
 def test_resume_refusals(
@@ -411,7 +419,16 @@ def test_resume_refusals(
     running = make_run(name="busy", config=valid_config, status=RunStatus.RUNNING)
     response = as_member.post(f"/api/runs/{running.pk}/resume", {}, content_type=JSON)
     assert response.status_code == 409 and "cancel it first" in response.json()["detail"]
+    # A checkpoint a rewind left behind is not one to resume from.
+    left = crashed.checkpoints.get(step=28)
+    Checkpoint.objects.filter(pk=left.pk).update(superseded=True)
+    response = as_member.post(f"/api/runs/{crashed.pk}/resume", {"checkpoint_id": left.pk}, content_type=JSON)
+    assert (
+        response.status_code == 409
+        and "pick one of the run's current checkpoints" in response.json()["detail"]
+    )
     assert Run.objects.filter(parent__isnull=False).count() == 0
+    assert crashed.attempts.count() == 1
 
 
 def test_fork_merges_changes_into_the_parents_config(crashed: Run, as_member: Client) -> None:

@@ -433,3 +433,25 @@ async def test_a_run_whose_engine_is_starting_is_judged_by_its_workers_liveness(
     assert "no word from worker cpu-5" in messages[silent] and "no word from worker cpu-5" in messages[never_seen]
     assert "its engine has written no event" in messages[stuck]
     assert (await sync_to_async(Run.objects.get)(pk=preparing)).status == RunStatus.STARTING
+
+
+async def test_an_alert_reaches_the_run_page_and_the_runs_table_once_stored(ingest, watch, run, project, member) -> None:
+    page = await watch(f"/ws/runs/{run.pk}/", member)
+    table = await watch(f"/ws/projects/{project.pk}/", member)
+    comm, _ = await ingest(run.pk)
+    nan_loss = [
+        metrics(1, 1, **{"actor/pg_loss": 0.5}),
+        metrics(2, 2, **{"actor/pg_loss": None}),  # NaN, sent as null: the non_finite rule fires
+    ]
+    await comm.send_json_to({"type": "events", "events": nan_loss})
+    assert (await comm.receive_json_from(timeout=TIMEOUT))["seq"] == 2
+
+    async def alert_on(socket: WebsocketCommunicator) -> dict[str, Any]:
+        while True:
+            message = await socket.receive_json_from(timeout=TIMEOUT)
+            if message["type"] == "alert":
+                return message
+
+    on_page, on_table = await alert_on(page), await alert_on(table)
+    assert [(a["rule"], a["step"], a["metric"]) for a in on_page["alerts"]] == [("non_finite", 2, "actor/pg_loss")]
+    assert on_table["run"] == run.pk and on_table["alerts"] == on_page["alerts"]

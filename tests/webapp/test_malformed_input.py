@@ -41,11 +41,12 @@ RAW: dict[str, str] = {
 REFUSED_BY_MIDDLEWARE = {"nul", "undecodable", "surrogate"}
 
 # Every query parameter a page reads (found with: grep -rn "GET.get\|GET.getlist" webapp/pages).
-PAGE_PARAMS = ["q", "sort", "page", "step", "at", "follow", "from", "preset", "runs", "status", "tag"]
+PAGE_PARAMS = ["q", "sort", "page", "step", "at", "follow", "from", "preset", "runs", "status", "tag", "archived"]
 # Every form field a page reads (POST), including a generated field of the launch form.
 FORM_FIELDS = [
     "username", "role", "name", "slug", "description", "tags", "notes", "checkpoint", "runs",
     "return_query", "queue", "_mode", "_action", "_from", "_preset", "config_yaml", "config.name",
+    "note", "days", "confirm", "password1", "password2",
 ]  # fmt: skip
 
 

@@ -85,10 +85,11 @@ def test_active_and_recent_runs_of_every_team_of_the_caller_and_no_other(
     assert f'href="/runs/{running.pk}/"' in row and ">training</a>" in row
     assert f'href="/projects/{second_project.pk}/"' in row and "MATH" in row and "Other lab" in row
     assert 'class="badge primary"' in row and ">Running<" in row
-    assert "12 / 300" in row and "gpu-box-1" in row and "<time datetime=" in row
+    assert 'data-step="12">12</span> / 300' in row and "gpu-box-1" in row and "<time datetime=" in row
     row = _row(active, "active", queued)
-    assert ">Queued<" in row and "0 / 50" in row and "not yet" in row
-    assert re.search(r'run-step">0<', _row(active, "active", starting))  # no total in its config
+    assert ">Queued<" in row and ">0</span> / 50" in row and "not yet" in row
+    # home.js moves the step live ([data-role=last-step]); no total in this one's config.
+    assert re.search(r'run-step"><span data-role="last-step" data-step="0">0</span></td>', _row(active, "active", starting))
     row = _row(recent, "recent", done)
     assert ">Succeeded<" in row and "50" in row and "gpu-box-2" in row and "<time datetime=" in row
     assert ">Failed<" in _row(recent, "recent", broke) and ">Lost<" in _row(recent, "recent", lost)

@@ -144,14 +144,16 @@ def test_viewer_cannot_post_and_nothing_is_created(project: Project, viewer: Any
 def test_the_form_is_generated_from_the_schema(member_client: Client, project: Project) -> None:
     page = member_client.get(new_url(project)).content.decode()
     reader = read_form(page)
-    # One fieldset per section, with the schema's titles.
+    # One folded section per schema section, with the schema's titles (tests/webapp/test_pages_launch_layout.py
+    # has the essentials, the folding and the change marks).
     for section, title in (
         ("rollout", "Rollout"),
         ("algorithm", "Algorithm"),
         ("checkpoint", "Checkpointing"),
     ):
         assert re.search(
-            rf'<fieldset class="config-section card" id="f-{section}"[^>]*>\s*<legend>{title}</legend>', page
+            rf'<details class="config-section card" id="f-{section}"[^>]*>\s*<summary><span class="section-title">{title}</span>',
+            page,
         )
     # Labels tied to inputs, help text from the description, bounds and types from the schema.
     assert '<label for="f-rollout-n">Group size</label>' in page

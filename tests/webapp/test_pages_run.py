@@ -223,26 +223,42 @@ def test_cancel_through_htmx_answers_the_fresh_header(
     assert 'id="run-action-error"' in again and "already cancelled" in again
 
 
-def test_resume_from_a_chosen_checkpoint(
+def test_resume_from_a_chosen_checkpoint_continues_the_same_run(
     client_for: Callable[..., Client], member: Any, finished_run: Run
 ) -> None:
     first = finished_run.checkpoints.order_by("step").first()
     response = client_for(member).post(f"/runs/{finished_run.pk}/resume/", {"checkpoint": str(first.pk)})
-    child = Run.objects.exclude(pk=finished_run.pk).get()
-    assert response.status_code == 302 and response["Location"] == f"/runs/{child.pk}/"
-    assert (
-        child.parent_id == finished_run.pk
-        and child.parent_kind == "resume"
-        and child.resume_from_id == first.pk
-    )
+    assert response.status_code == 302 and response["Location"] == f"/runs/{finished_run.pk}/"
+    assert not Run.objects.exclude(pk=finished_run.pk).exists()
+    run = Run.objects.get(pk=finished_run.pk)
+    assert (run.status, run.resume_from_id, run.attempt_number) == ("queued", first.pk, 2)
 
 
 def test_resume_from_the_latest_by_default(
     client_for: Callable[..., Client], member: Any, finished_run: Run
 ) -> None:
     client_for(member).post(f"/runs/{finished_run.pk}/resume/", {"checkpoint": "latest"})
-    child = Run.objects.exclude(pk=finished_run.pk).get()
-    assert child.resume_from.step == 10
+    assert Run.objects.get(pk=finished_run.pk).resume_from.step == 10
+
+
+def test_resume_with_htmx_swaps_the_header_and_lists_the_new_attempt(
+    client_for: Callable[..., Client], member: Any, finished_run: Run
+) -> None:
+    """The page stays (its charts and socket go on): the answer is the header, with the attempts
+    list beside it for an out-of-band swap."""
+    client = client_for(member)
+    page = client.get(f"/runs/{finished_run.pk}/").content.decode()
+    assert 'id="run-attempts"' in page and 'data-count="1"' in page
+    # The resume form offers the checkpoints by step, newest first.
+    steps = re.findall(r'<option value="\d+">step (\d+) ', page)
+    assert steps == sorted(steps, key=int, reverse=True) and len(steps) == finished_run.checkpoints.count()
+    html = client.post(f"/runs/{finished_run.pk}/resume/", {"checkpoint": "latest"}, HTTP_HX_REQUEST="true")
+    html = html.content.decode()
+    assert html.lstrip().startswith("<header") and 'data-status="queued"' in html
+    assert 'id="run-attempts"' in html and 'hx-swap-oob="true"' in html and 'data-count="2"' in html
+    assert 'data-attempt="2"' in html and "from the checkpoint of step 10" in html
+    again = client.post(f"/runs/{finished_run.pk}/resume/", HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="run-action-error"' in again and "cancel it first" in again
 
 
 def test_resume_refusals_are_messages(

@@ -94,18 +94,19 @@ def test_launch_with_auto_and_the_waiting_message(
         run = create_run(project, member, valid_config, queue="auto")
     run.refresh_from_db()
     # The only worker serves 'gpu' and can run a CPU config (device auto): it goes there.
-    assert run.queue == "gpu" and run.status_message == ""
+    # Nothing waits ahead of it: its message says so, and which worker takes it.
+    assert run.queue == "gpu" and run.status_message == "Waiting for a worker: next in queue 'gpu'; worker gpu@c is free."
     with django_capture_on_commit_callbacks(execute=True):
         stuck = create_run(project, member, valid_config, queue="pool-x")
     stuck.refresh_from_db()
     assert stuck.status == "queued" and stuck.status_message.startswith(
         "Waiting for a worker: no online worker serves queue 'pool-x'"
     )
-    # A worker for it comes online: the next refresh clears the message.
+    # A worker for it comes online: the next refresh says "No worker online" no more.
     online(worker("x@d", ["pool-x"]))
     assert placement.refresh_all_waiting() == 1
     stuck.refresh_from_db()
-    assert stuck.status_message == ""
+    assert stuck.status_message == "Waiting for a worker: next in queue 'pool-x'; worker x@d is free."
     # A message the web app did not write is left alone.
     Run.objects.filter(pk=stuck.pk).update(status_message="held by the admin")
     assert placement.refresh_waiting(Run.objects.get(pk=stuck.pk), []) is False

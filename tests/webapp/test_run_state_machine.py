@@ -15,6 +15,8 @@ def test_it_lists_the_documented_transitions() -> None:
         ("queued", "starting"), ("queued", "cancelled"),
         ("starting", "running"), ("starting", "failed"), ("starting", "cancelled"), ("starting", "lost"),
         ("running", "succeeded"), ("running", "failed"), ("running", "cancelled"), ("running", "lost"),
+        # a resume: the same run queued again as its next attempt (webapp.runs.services.resume_run)
+        ("succeeded", "queued"), ("failed", "queued"), ("cancelled", "queued"), ("lost", "queued"),
     }  # fmt: skip
 
 
@@ -44,8 +46,8 @@ def test_it_names_the_allowed_targets_in_the_error(run) -> None:
         run.transition(RunStatus.SUCCEEDED)
 
 
-def test_it_says_a_final_status_is_final(make_run) -> None:
-    with pytest.raises(InvalidTransition, match="'succeeded' is final"):
+def test_it_says_a_final_status_leads_only_to_a_resume(make_run) -> None:
+    with pytest.raises(InvalidTransition, match="'succeeded' is final: only a resume queues it again"):
         make_run(status=RunStatus.SUCCEEDED).transition(RunStatus.RUNNING)
 
 
@@ -78,13 +80,16 @@ def test_it_stamps_start_and_finish_times(run) -> None:
     assert stored.worker_host == "cpu-1"
 
 
-def test_it_keeps_a_lost_run_final(run) -> None:
-    """A lost run is resumed as a new child run, never moved back to queued."""
+def test_it_keeps_a_lost_run_lost_until_a_resume_queues_it(run) -> None:
+    """Nothing the engine reports revives a lost run; a resume queues it again, unfinished."""
     run.start(worker_host="cpu-1")
     run.mark_lost()
     assert Run.objects.get(pk=run.pk).status_message == "the worker went silent"
-    with pytest.raises(InvalidTransition, match="'lost' is final"):
-        run.transition(RunStatus.QUEUED)
+    for state in (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.CANCELLED):
+        with pytest.raises(InvalidTransition, match="'lost' is final: only a resume"):
+            run.transition(state)
+    run.transition(RunStatus.QUEUED)
+    assert Run.objects.get(pk=run.pk).finished_at is None
 
 
 def test_it_cancels_a_queued_run(run) -> None:

@@ -12,6 +12,7 @@ from webapp.api.models import ApiToken
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, Sample, ShareLink
 from webapp.runs.services import validate_run_config
 from webapp.teams.choices import Role
+from webapp.teams.invites import create_invite
 from webapp.teams.models import Membership, Project, Team
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -29,6 +30,7 @@ class World:
     spare_share: ShareLink  # its id is the one a crawl may revoke
     token: str  # the admin's API token (plaintext)
     spare_token_id: int  # another token of the admin's: the one a crawl may revoke
+    invite_id: int  # a pending invite of the team: the one a crawl may revoke
 
     def ids(self) -> dict[str, Any]:
         """Values for the URL patterns' parameters, by name."""
@@ -39,6 +41,7 @@ class World:
             "user_id": self.member.pk,
             "share_id": self.spare_share.pk,
             "token_id": self.spare_token_id,
+            "invite_id": self.invite_id,
             "token": self.share.token,
         }
 
@@ -51,7 +54,9 @@ def build_world(django_user_model: Any, *, steps: int = 6) -> World:
     Membership.objects.create(user=member, team=team, role=Role.MEMBER)
     project = Project.objects.create(team=team, name="Fuzzed", slug="fuzzed")
     config = validate_run_config({"preset": "grpo", "name": "fuzzed-run", "trainer": {"total_steps": 50}})
-    run = Run.objects.create(project=project, created_by=admin, name="fuzzed-run", config=config, tags=["base"])
+    run = Run.objects.create(
+        project=project, created_by=admin, name="fuzzed-run", config=config, tags=["base"]
+    )
     seq = 0
     for step in range(1, steps + 1):
         seq += 1
@@ -76,4 +81,7 @@ def build_world(django_user_model: Any, *, steps: int = 6) -> World:
     spare_share = ShareLink.create(run, admin)
     _, token = ApiToken.issue(admin, "fuzz")
     spare, _ = ApiToken.issue(admin, "spare")
-    return World(team, admin, member, project, run, checkpoint, share, spare_share, token, spare.pk)
+    invite, _ = create_invite(team, admin, Role.MEMBER, "fuzz")
+    return World(
+        team, admin, member, project, run, checkpoint, share, spare_share, token, spare.pk, invite.pk
+    )

@@ -31,7 +31,7 @@ from ninja.errors import AuthenticationError, Throttled
 from ninja.operation import Operation
 
 from webapp.api.auth import API_AUTH
-from webapp.api.routers import account, data, engine, projects, runs, shares, workers
+from webapp.api.routers import account, alerts, data, engine, housekeeping, projects, runs, shares, workers
 from webapp.dbpool import busy_response, pool_exhausted
 from webapp.runs.models import InvalidTransition
 from webapp.runs.services import CannotResume, RunConfigInvalid
@@ -65,10 +65,12 @@ api.add_router("", account.router)
 api.add_router("", engine.router)
 api.add_router("", projects.router)
 api.add_router("", runs.router)
+api.add_router("", housekeeping.router)
 api.add_router("", data.router)
 api.add_router("", shares.router)
 api.add_router("", shares.public_router)
 api.add_router("", workers.router)
+api.add_router("", alerts.router)
 
 
 def _detail(request: HttpRequest, message: str, status: int) -> HttpResponse:

@@ -201,12 +201,40 @@ class CheckpointOut(Schema):
     path: str
     bytes: int
     created_at: datetime
+    attempt: int = Field(description="The attempt of the run that wrote it.")
+    superseded: bool = Field(
+        description="A later attempt resumed from an earlier step: off the run's history, not offered to resume from."
+    )
+
+
+class AttemptOut(Schema):
+    number: int = Field(description="1 for the launch, then one more for each resume.")
+    queued_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    worker_host: str
+    from_checkpoint_id: int | None
+    from_step: int | None = Field(
+        description="The step of the checkpoint it resumed from (null: from the start)."
+    )
+    first_step: int | None = Field(
+        description="Its first logged step: what earlier attempts logged from there on is superseded."
+    )
+    status: str = Field(
+        description="How it ended: succeeded, failed, cancelled or lost (empty while it runs)."
+    )
+    status_badge: str
+    message: str
+    first_seq: int | None
+    last_seq: int | None
 
 
 class Permissions(Schema):
     edit: bool = Field(description="Rename, tag, write notes (member).")
     cancel: bool = Field(description="Cancel: member, and the run is queued, starting or running.")
-    resume: bool = Field(description="Resume from a checkpoint: member, the run is final and has one.")
+    resume: bool = Field(
+        description="Resume (the same run continues) from a checkpoint: member, the run is final and has one."
+    )
     fork: bool = Field(description="Fork with config changes (member).")
     share: bool = Field(description="Create and revoke share links (member).")
 
@@ -242,6 +270,8 @@ class RunOut(RunListItem):
     parent: RunRef | None
     resume_from: CheckpointOut | None
     children: list[ChildRef]
+    attempt_number: int = Field(description="The current attempt's number.")
+    attempts: list[AttemptOut] = Field(description="Each time the run was launched or resumed, first first.")
     checkpoint_count: int
     role: str | None = Field(description="The caller's role in the run's team (null through a share link).")
     permissions: Permissions
@@ -411,3 +441,39 @@ class WorkerOut(Schema):
     runs: list[RunRef] = Field(description="The runs it holds that the caller may see.")
     started_at: datetime
     seen_at: datetime
+
+
+# --- health alerts -------------------------------------------------------------------------
+
+
+class AlertOut(Schema):
+    id: int
+    rule: str = Field(description="entropy_collapse, reward_up_eval_down, mismatch_kl, staleness, ...")
+    step: int
+    metric: str
+    value: float | None
+    threshold: float | None
+    message: str
+    time: float | None = Field(description="When it was stored (Unix seconds).")
+
+
+class AlertRuleOut(Schema):
+    name: str
+    title: str
+    params: dict[str, float] = Field(description="Each parameter's default.")
+
+
+class AlertSettingsOut(Schema):
+    rules: dict[str, dict[str, Any]] = Field(description="This level's settings: {rule: {enabled, parameter}}.")
+    effective: dict[str, dict[str, Any]] = Field(description="What applies: defaults, then project, then run.")
+    webhook_url: str | None = Field(description="The project's webhook (admins only; null for others).")
+    catalogue: list[AlertRuleOut]
+
+
+class ProjectAlertSettingsIn(Schema):
+    rules: JsonObject = Field(default_factory=dict, description="{rule: {enabled, parameter: value}}")
+    webhook_url: Text = Field("", max_length=500, description="http(s) URL called with each alert; empty for none.")
+
+
+class RunAlertOverridesIn(Schema):
+    rules: JsonObject = Field(default_factory=dict, description="{rule: {enabled, parameter: value}} over the project's")

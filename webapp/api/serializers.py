@@ -23,7 +23,7 @@ from ninja.errors import ValidationError
 from webapp.inputs import INT_MAX, parse_id
 from webapp.runs import selectors
 from webapp.runs.choices import ACTIVE_STATUSES, FINAL_STATUSES, RunStatus
-from webapp.runs.models import Checkpoint, Run, ShareLink
+from webapp.runs.models import Checkpoint, Run, RunAttempt, ShareLink
 from webapp.runs.placement import live_workers
 from webapp.runs.wording import status_words
 from webapp.teams.access import memberships_of
@@ -97,6 +97,26 @@ def checkpoint_out(ckpt: Checkpoint) -> dict[str, Any]:
         "path": ckpt.path,
         "bytes": ckpt.bytes,
         "created_at": ckpt.created_at,
+        "attempt": ckpt.attempt,
+        "superseded": ckpt.superseded,
+    }
+
+
+def attempt_out(attempt: RunAttempt) -> dict[str, Any]:
+    return {
+        "number": attempt.number,
+        "queued_at": attempt.queued_at,
+        "started_at": attempt.started_at,
+        "ended_at": attempt.ended_at,
+        "worker_host": attempt.worker_host,
+        "from_checkpoint_id": attempt.from_checkpoint_id,
+        "from_step": attempt.from_step,
+        "first_step": attempt.first_step,
+        "status": attempt.status,
+        "status_badge": RunStatus(attempt.status).badge if attempt.status else "secondary",
+        "message": status_words(attempt.message),
+        "first_seq": attempt.first_seq,
+        "last_seq": attempt.last_seq,
     }
 
 
@@ -152,6 +172,8 @@ def run_out(run: Run, role: Role | str | None) -> dict[str, Any]:
         ),
         "resume_from": checkpoint_out(run.resume_from) if run.resume_from else None,
         "children": children,
+        "attempt_number": run.attempt_number,
+        "attempts": [attempt_out(a) for a in selectors.run_attempts(run)],
         "checkpoint_count": run.checkpoint_count,
         "role": str(role) if role else None,
         "permissions": {

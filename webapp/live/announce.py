@@ -9,24 +9,39 @@ registered: a batch's status changes reach the run's watchers before the batch's
 The messages and who receives them:
 
 - ``run.status`` (``status_changed``): the run's watchers and its project's runs table.
+- ``run.progress`` (``step_moved``): the run's project's lists (the landing page's active runs),
+  the run's stored step, at most once a second per run (``webapp.live.throttle``).
 - ``run.events`` (``events_stored``): the run's watchers; ``from_seq``..``last_seq`` says which
   seqs it carries, so a watcher that sees a hole reads the missing events from the database.
 - ``access.check`` (``access_changed``): sockets opened with a share link or by a user, told to
   check again whether they may still see what they show.
 - ``ingest.cancel`` (``cancel_requested``): the worker socket shipping the run.
+- ``run.output`` (``output_stored``): the run's watchers (not share links: the Logs tab is the
+  team's); lines of the engine's output, by byte offset, which a page that missed some reads again.
+- ``run.alert`` (``alerts_fired``): the run's watchers and its project's runs table; health alerts
+  that fired (``webapp.alerts``), which a page that missed them reads from the API.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import transaction
 
-from webapp.live.groups import ingest_group, project_group, run_group, send
+from webapp.live.groups import ingest_group, project_group, run_group, send, send_async
+from webapp.live.throttle import Throttle
 from webapp.runs.models import Run
 from webapp.runs.wording import status_words
 
+log = logging.getLogger(__name__)
+
 ACCESS_CHECK = "access.check"
+STEP_EVERY_S = 1.0
+"""Seconds between two ``run.progress`` messages of one run (what the channel layer can carry for
+hundreds of runs stepping many times a second)."""
+_steps = Throttle(STEP_EVERY_S, send_async)
 
 
 def status_message(run: Run) -> dict[str, Any]:
@@ -56,10 +71,28 @@ def _send_status(run_id: int) -> None:
     send(project_group(run.project_id), message)
 
 
-def status_changed(run_id: int) -> None:
+def status_changed(run_id: int, *, queue_moved: bool = True) -> None:
     """The run's status (or its status message) changed: tell its watchers and its project's
-    runs table once that commits."""
+    runs table once that commits.
+
+    ``queue_moved``: the change may move other runs' places in the queues (a run started,
+    finished, was cancelled or queued again): the queued runs' waiting messages ("2nd in queue
+    'cpu'; worker vm is running demo-dapo (#1)", ``webapp.runs.placement``) are refreshed then
+    too, and each that changes is announced to its own watchers. False for a change of words
+    alone (a preparing run's phase, a waiting message itself), which moves no queue."""
     transaction.on_commit(lambda: _send_status(run_id))
+    if queue_moved:
+        transaction.on_commit(_refresh_queues)
+
+
+def _refresh_queues() -> None:
+    # Imported here: placement announces the messages it changes, through this module.
+    from webapp.runs.placement import refresh_all_waiting
+
+    try:
+        refresh_all_waiting()
+    except Exception:  # the database or the registry is down: the periodic refresh catches up
+        log.warning("refreshing queued runs' waiting messages failed", exc_info=True)
 
 
 def events_stored(run_id: int, previous_seq: int, last_seq: int, events: list[dict[str, Any]]) -> None:
@@ -67,6 +100,34 @@ def events_stored(run_id: int, previous_seq: int, last_seq: int, events: list[di
     JSON-ready, validated): send them to the run's watchers once that commits."""
     message = {"type": "run.events", "from_seq": previous_seq + 1, "last_seq": last_seq, "events": events}
     transaction.on_commit(lambda: send(run_group(run_id), message))
+
+
+def output_stored(run_id: int, lines: list[dict[str, Any]], skipped: int = 0) -> None:
+    """Lines of the run's engine output were stored (``webapp.runs.output``; ``skipped`` older
+    ones of the same burst left out): tell its watchers once that commits."""
+    message = {"type": "run.output", "lines": lines, "skipped": skipped}
+    transaction.on_commit(lambda: send(run_group(run_id), message))
+
+
+def step_moved(run_id: int, project_id: int, step: int) -> None:
+    """The run's stored step moved: its project's lists hear it once that commits, throttled per
+    run; the latest step of a burst is sent when the run's window closes."""
+    message = {"type": "run.progress", "run": run_id, "project": project_id, "last_step": step}
+    transaction.on_commit(
+        lambda: async_to_sync(_steps.offer)(run_id, step, project_group(project_id), message)
+    )
+
+
+def alerts_fired(run_id: int, project_id: int, alerts: list[dict[str, Any]]) -> None:
+    """Health alerts fired on the run (``webapp.alerts.monitor``): its watchers (a toast, the
+    chart marks) and its project's runs table (the row's count) hear of them once they commit."""
+    message = {"type": "run.alert", "run": run_id, "project": project_id, "alerts": alerts}
+
+    def send_both() -> None:
+        send(run_group(run_id), message)
+        send(project_group(project_id), message)
+
+    transaction.on_commit(send_both)
 
 
 def access_changed(group: str, why: str) -> None:

@@ -42,6 +42,8 @@ from jobs.protocol import (
     ATTACH_CLAIM,
     CLAIM_MAX_CHARS,
     HELLO_CLAIMS,
+    HELLO_OUTPUT_OFFSET,
+    HELLO_OUTPUT_STREAM,
     MAX_BATCH_EVENTS,
     MAX_MESSAGE_BYTES,
     MSG_CLAIM,
@@ -52,6 +54,7 @@ from webapp.live.replay import stored_events
 from webapp.runs.choices import RunStatus
 from webapp.runs.ingest import MAX_BIGINT, InvalidEvent, SeqGap, is_poison, stale_attempt_reason, store_events
 from webapp.runs.models import Run, ShareLink
+from webapp.runs.output import OutputRefused, decode_chunk, store_output
 from webapp.runs.services import claim_run, note_worker_seen
 from webapp.runs.tokens import TokenRejected, check_ingest_token, ingest_token
 from webapp.teams.access import NotFound, project_for, run_for
@@ -157,6 +160,8 @@ class IngestConsumer(_JsonSocket):
             "status": str(run.status),
             "cancel": run.cancel_requested_at is not None,
             HELLO_CLAIMS: True,
+            HELLO_OUTPUT_STREAM: run.output_stream,
+            HELLO_OUTPUT_OFFSET: run.output_bytes,
         }
         if not self.final:
             hello["token"] = ingest_token(self.run_id, self.attempt)
@@ -188,10 +193,13 @@ class IngestConsumer(_JsonSocket):
                 await self._heartbeat()
             elif kind == "attach":
                 await self._attach(message)
+            elif kind == "output":
+                await self._output(message)
             else:
                 shown = clean_text(repr(kind))[:80]
                 await self.refuse(
-                    CLOSE_BAD_MESSAGE, f"unknown message type {shown}: send an object with type events, ping or attach"
+                    CLOSE_BAD_MESSAGE,
+                    f"unknown message type {shown}: send an object with type events, output, ping or attach",
                 )
         except DatabaseError as exc:
             if not is_poison(exc):
@@ -233,6 +241,33 @@ class IngestConsumer(_JsonSocket):
             ack["token"] = ingest_token(self.run_id, self.attempt)
             self.token_issued = time.monotonic()
         await self.send_message(ack)
+
+    async def _output(self, message: dict[str, Any]) -> None:
+        """A chunk of the engine's output (``webapp.runs.output``): stored, then acked with the
+        output cursor, which is also the answer to a chunk after a gap (resend from there)."""
+        try:
+            stream, offset, data = decode_chunk(
+                message.get("stream"), message.get("offset"), message.get("data")
+            )
+            held = await database_sync_to_async(store_output)(
+                self.run_id, self.attempt, stream, offset, data
+            )
+        except OutputRefused as exc:
+            await self.refuse(CLOSE_BAD_MESSAGE, str(exc))
+            return
+        except TokenRejected as exc:
+            await self.refuse(exc.code, str(exc))
+            return
+        except Run.DoesNotExist:
+            await self.refuse(CLOSE_NO_RUN, f"run {self.run_id} does not exist")
+            return
+        except OSError:  # the full log could not be written (a full disk): 1011, the worker resends later
+            log.exception("run %s: could not write its full log", self.run_id)
+            await self.close(code=CLOSE_UNAVAILABLE)
+            self.closed = True
+            return
+        self.last_heartbeat_write = time.monotonic()
+        await self.send_message({"type": "output_ack", "offset": held})
 
     async def _heartbeat(self) -> None:
         """A ping is liveness of the worker (``worker_seen_at``), not progress of the run: only
@@ -394,6 +429,19 @@ class RunConsumer(_Revocable):
                 return
         await self.send_message({**message, "type": "status"})
 
+    async def run_output(self, message: dict[str, Any]) -> None:
+        """Lines of the engine's output, for the Logs tab: team members only (a share link's
+        page has no Logs tab). Best effort: a page that reconnects reads what it missed."""
+        if not self.closed and not self.share:
+            lines, skipped = message["lines"], message["skipped"]
+            await self.send_message({"type": "output", "lines": lines, "skipped": skipped})
+
+    async def run_alert(self, message: dict[str, Any]) -> None:
+        """Health alerts that fired on the run (``webapp.alerts.monitor``): a toast and a chart
+        mark on open pages. Best effort: the run page lists every alert when it loads."""
+        if not self.closed:
+            await self.send_message({"type": "alert", "alerts": message["alerts"]})
+
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """Browsers only listen; anything they send is ignored."""
 
@@ -425,6 +473,14 @@ class ProjectConsumer(_Revocable):
 
     async def run_status(self, message: dict[str, Any]) -> None:
         await self.send_message({**message, "type": "status"})
+
+    async def run_progress(self, message: dict[str, Any]) -> None:
+        """A run's step moved (``announce.step_moved``, at most once a second per run)."""
+        await self.send_message({**message, "type": "progress"})
+
+    async def run_alert(self, message: dict[str, Any]) -> None:
+        """A run of the project raised health alerts: the runs table marks its row."""
+        await self.send_message({"type": "alert", "run": message["run"], "alerts": message["alerts"]})
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """Browsers only listen."""

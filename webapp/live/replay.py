@@ -4,6 +4,8 @@ Metric points, samples, checkpoints and log lines keep the ``seq`` of the event 
 them, so the events after any cursor can be rebuilt exactly as the fan-out sent them live.
 Status and heartbeat events are not stored as rows (the run row holds the status), so a
 replay skips their numbers: the browser's cursor is "the highest seq seen", never a count.
+Events with a step carry the ``attempt`` that logged them, as they did live (``ingest._public``),
+so a page replaying a resumed run applies its rewinds as it would have live.
 """
 
 from __future__ import annotations
@@ -33,7 +35,11 @@ def stored_events(run_id: int, after_seq: int, upto_seq: int) -> Iterator[list[d
 def _events_between(run_id: int, low: int, high: int) -> list[dict[str, Any]]:
     window = {"run_id": run_id, "seq__gt": low, "seq__lte": high}
     events: list[dict[str, Any]] = []
-    points = MetricPoint.objects.filter(**window).order_by("seq", "name").values_list("seq", "step", "time", "name", "value")
+    points = (
+        MetricPoint.objects.filter(**window)
+        .order_by("seq", "name")
+        .values_list("seq", "step", "time", "attempt", "name", "value")
+    )
     for seq, rows in groupby(points, key=lambda row: row[0]):
         rows = list(rows)
         events.append(
@@ -43,14 +49,32 @@ def _events_between(run_id: int, low: int, high: int) -> list[dict[str, Any]]:
                 "step": rows[0][1],
                 "time": rows[0][2].timestamp(),
                 "values": {name: value for *_, name, value in rows},
+                "attempt": rows[0][3],
             }
         )
     samples = Sample.objects.filter(**window).order_by("seq", "index")
     for seq, items in groupby(samples, key=lambda s: s.seq):
         items = list(items)
-        events.append({"seq": seq, "type": "samples", "step": items[0].step, "items": [s.item() for s in items]})
+        events.append(
+            {
+                "seq": seq,
+                "type": "samples",
+                "step": items[0].step,
+                "items": [s.item() for s in items],
+                "attempt": items[0].attempt,
+            }
+        )
     for ckpt in Checkpoint.objects.filter(**window):
-        events.append({"seq": ckpt.seq, "type": "checkpoint", "step": ckpt.step, "path": ckpt.path, "bytes": ckpt.bytes})
+        events.append(
+            {
+                "seq": ckpt.seq,
+                "type": "checkpoint",
+                "step": ckpt.step,
+                "path": ckpt.path,
+                "bytes": ckpt.bytes,
+                "attempt": ckpt.attempt,
+            }
+        )
     for line in LogLine.objects.filter(**window):
         events.append({"seq": line.seq, "type": "log", "level": line.level, "message": line.message})
     events.sort(key=lambda e: e["seq"])

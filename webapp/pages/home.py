@@ -55,7 +55,9 @@ def _launch_project(memberships: list[Membership], projects: list[Project]) -> P
 
 def _projects(user: Any) -> list[Project]:
     return list(
-        Project.objects.filter(team__memberships__user=user).select_related("team").order_by("team__name", "name")
+        Project.objects.filter(team__memberships__user=user, archived_at=None)
+        .select_related("team")
+        .order_by("team__name", "name")
     )
 
 

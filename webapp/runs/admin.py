@@ -1,13 +1,29 @@
 from django.contrib import admin
 
-from webapp.runs.models import Checkpoint, LogLine, Run
+from webapp.runs.models import Checkpoint, LogLine, Run, RunAttempt
 
 
 class CheckpointInline(admin.TabularInline):
     model = Checkpoint
     extra = 0
-    readonly_fields = ["seq", "step", "path", "bytes", "created_at"]
+    readonly_fields = ["seq", "step", "path", "bytes", "created_at", "attempt", "superseded"]
     can_delete = False
+
+
+class AttemptInline(admin.TabularInline):
+    """The run's launch and resumes, as recorded (the services write them, never this page)."""
+
+    model = RunAttempt
+    fk_name = "run"
+    extra = 0
+    fields = readonly_fields = [
+        "number", "queued_at", "started_at", "ended_at", "worker_host", "from_step", "first_step", "status",
+        "first_seq", "last_seq",
+    ]  # fmt: skip
+    can_delete = False
+
+    def has_add_permission(self, request: object, obj: object = None) -> bool:
+        return False
 
 
 @admin.register(Run)
@@ -28,8 +44,9 @@ class RunAdmin(admin.ModelAdmin):
         "last_step",
         "last_seq",
         "summary",
+        "attempt_number",
     ]
-    inlines = [CheckpointInline]
+    inlines = [AttemptInline, CheckpointInline]
 
 
 @admin.register(LogLine)

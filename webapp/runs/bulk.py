@@ -7,7 +7,7 @@ point and letting ``bulk_create`` render the INSERT costs ~120 µs a point (prof
 
 - PostgreSQL: ``COPY`` straight into the table, inside a savepoint. Ingest only stores
   events after the run's cursor, so a conflict on (run, name, step) is rare (an engine
-  sending one metric twice for a step); then the savepoint is rolled back and the rows go
+  sending one metric twice for a step of one attempt); then the savepoint is rolled back and the rows go
   through a session-local staging table and ``INSERT ... SELECT ... ON CONFLICT DO
   NOTHING`` (a point already stored keeps its first value). COPY alone costs what the
   physical reference of ``bench/ingest.py`` costs; the staging route costs about twice that.
@@ -26,10 +26,10 @@ from django.db import IntegrityError, connection, transaction
 
 from webapp.runs.models import MetricPoint
 
-# (run_id, name, step, value, time, seq)
-PointRow = tuple[int, str, int, float, datetime, int]
+# (run_id, name, step, value, time, seq, attempt)
+PointRow = tuple[int, str, int, float, datetime, int, int]
 
-_COLUMNS = "run_id, name, step, value, time, seq"
+_COLUMNS = "run_id, name, step, value, time, seq, attempt, superseded"
 _STAGE = "tributary_metric_stage"
 
 
@@ -43,8 +43,11 @@ def insert_metric_points(rows: Sequence[PointRow]) -> None:
         adapt = connection.ops.adapt_datetimefield_value
         with connection.cursor() as cursor:
             cursor.executemany(
-                f"INSERT OR IGNORE INTO {table} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s)",
-                [(run, name, step, value, adapt(time), seq) for run, name, step, value, time, seq in rows],
+                f"INSERT OR IGNORE INTO {table} ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                [
+                    (run, name, step, value, adapt(time), seq, att, False)
+                    for run, name, step, value, time, seq, att in rows
+                ],
             )
 
 
@@ -58,12 +61,13 @@ def _insert_postgresql(table: str, rows: Sequence[PointRow]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             f"CREATE TEMP TABLE IF NOT EXISTS {_STAGE} (run_id bigint, name varchar(200), step integer, "
-            "value double precision, time timestamptz, seq bigint) ON COMMIT DELETE ROWS"
+            "value double precision, time timestamptz, seq bigint, attempt integer, superseded boolean) "
+            "ON COMMIT DELETE ROWS"
         )
         _copy(cursor.cursor, _STAGE, rows)
         cursor.execute(
             f"INSERT INTO {table} ({_COLUMNS}) SELECT {_COLUMNS} FROM {_STAGE} "
-            "ON CONFLICT (run_id, name, step) DO NOTHING"
+            "ON CONFLICT (run_id, name, step, attempt) DO NOTHING"
         )
         cursor.execute(f"TRUNCATE {_STAGE}")
 
@@ -73,4 +77,4 @@ def _copy(cursor: Any, table: str, rows: Sequence[PointRow]) -> None:
     # do for queries that go through Django's cursor.
     with connection.wrap_database_errors, cursor.copy(f"COPY {table} ({_COLUMNS}) FROM STDIN") as copy:
         for row in rows:
-            copy.write_row(row)
+            copy.write_row((*row, False))

@@ -27,7 +27,7 @@ class RunStatus(models.TextChoices):
 
     @property
     def is_final(self) -> bool:
-        """No worker is running it; a resume is a new child run (``ParentKind.RESUME``)."""
+        """No worker is running it; only a resume queues it again (a new ``RunAttempt``)."""
         return self in FINAL_STATUSES
 
     def can_become(self, to: RunStatus | str) -> bool:
@@ -51,12 +51,13 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.RUNNING: frozenset(
         {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.LOST}
     ),
-    RunStatus.SUCCEEDED: frozenset(),
-    RunStatus.FAILED: frozenset(),
-    RunStatus.CANCELLED: frozenset(),
-    # Final. A lost, failed or cancelled run is resumed as a new child run that starts from
-    # one of its checkpoints (ParentKind.RESUME), on any worker: one mechanism for all three.
-    RunStatus.LOST: frozenset(),
+    # Final: nothing the engine or a worker says moves the run on. Only a user's resume
+    # (``webapp.runs.services.resume_run``) queues it again, as a new attempt of the same run
+    # (``RunAttempt``) from one of its checkpoints, on any worker: one mechanism for all four.
+    RunStatus.SUCCEEDED: frozenset({RunStatus.QUEUED}),
+    RunStatus.FAILED: frozenset({RunStatus.QUEUED}),
+    RunStatus.CANCELLED: frozenset({RunStatus.QUEUED}),
+    RunStatus.LOST: frozenset({RunStatus.QUEUED}),
 }
 
 FINAL_STATUSES = frozenset(RunStatus(state) for state in FINAL_STATES)
@@ -67,7 +68,9 @@ if set(RunStatus.values) != set(RUN_STATES):  # a state added on one side only: 
 
 class ParentKind(models.TextChoices):
     FORK = "fork", "Fork"  # a new run from the parent's config with changes
-    RESUME = "resume", "Resume"  # continues the parent from one of its checkpoints
+    # Runs made before a resume continued the same run: a child that continued its parent from one
+    # of its checkpoints. Kept so those runs still show their lineage; no new run gets it.
+    RESUME = "resume", "Resume"
 
 
 class LogLevel(models.TextChoices):

@@ -39,16 +39,18 @@ from django.utils import timezone
 
 from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, ENGINE_FINAL_STATES, ENGINE_STATES, EVENT_TYPES
 from engine.events import clean, clean_text
+from webapp.alerts import monitor
 from webapp.live import announce
 from webapp.runs.bulk import PointRow, insert_metric_points
 from webapp.runs.choices import LogLevel, RunStatus
-from webapp.runs.models import Checkpoint, LogLine, Run, Sample
+from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, RunAttempt, Sample
 from webapp.runs.tokens import TokenRejected
 from webapp.runs.wording import status_words
 
 log = logging.getLogger(__name__)
 
 MAX_NAME = 200
+STEP_EVENTS = ("metrics", "samples", "checkpoint")
 MAX_INT = 2**31 - 1  # integer columns (step, length)
 MAX_BIGINT = 2**63 - 1  # bigint columns (seq, bytes)
 MAX_TEXT = 1_000_000  # characters of one text field; a message is at most 4 MiB anyway
@@ -123,7 +125,7 @@ def store_events(run_id: int, events: Iterable[Mapping[str, Any]], *, attempt: i
     with transaction.atomic():
         # The row lock serialises two connections ingesting the same run (no-op on SQLite,
         # where IMMEDIATE transactions already serialise writers).
-        locked = Run.objects.select_for_update().get(pk=run_id)
+        locked = monitor.with_project_settings(Run.objects.select_for_update(of=("self",))).get(pk=run_id)
         if attempt is not None and attempt != locked.attempt:
             raise TokenRejected(CLOSE_BAD_TOKEN, stale_attempt_reason(run_id, attempt, locked.attempt))
         previous = locked.last_seq
@@ -134,8 +136,11 @@ def store_events(run_id: int, events: Iterable[Mapping[str, Any]], *, attempt: i
         public: list[dict[str, Any]] = []
         if fresh:
             _check_contiguous(previous, fresh)
+            step_before = locked.last_step
             fresh = _store_or_quarantine(locked, fresh)
-            public = [_public(e) for e in fresh]
+            if locked.last_step != step_before:  # the lists of runs follow the step (throttled)
+                announce.step_moved(run_id, locked.project_id, locked.last_step)
+            public = [_public(e, locked.attempt_number) for e in fresh]
             announce.events_stored(run_id, previous, fresh[-1]["seq"], public)
     quarantined = tuple(e["seq"] for e in fresh if e.get("quarantined"))
     return Stored(
@@ -163,10 +168,13 @@ def _through_final_status(fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return fresh
 
 
-def _public(event: dict[str, Any]) -> dict[str, Any]:
+def _public(event: dict[str, Any], attempt: int) -> dict[str, Any]:
     """A validated event as JSON for browsers (times as Unix seconds; a status event's message in
-    the words the run's status message shows, ``webapp.runs.wording``)."""
-    out = {k: v for k, v in event.items() if k != "quarantined"}
+    the words the run's status message shows, ``webapp.runs.wording``). An event with a step
+    says which attempt logged it, so a page applies a rewind as the database did (``_supersede``)."""
+    out = {k: v for k, v in event.items() if k not in ("quarantined", "non_finite")}
+    if out.get("type") in STEP_EVENTS:
+        out["attempt"] = attempt
     if out.get("type") == "status" and isinstance(out.get("message"), str):
         out["message"] = status_words(out["message"])
     if isinstance(out.get("time"), datetime):
@@ -231,17 +239,22 @@ def _check_event(seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(values, Mapping):
             raise InvalidEvent(seq, "values", "must be an object {name: number}")
         clean_values: dict[str, float] = {}
+        non_finite: list[str] = []
         for raw_name, value in values.items():
             name = clean_text(raw_name) if isinstance(raw_name, str) else raw_name
             if not isinstance(name, str) or not name or len(name) > MAX_NAME:
                 raise InvalidEvent(
                     seq, "values", f"has a bad metric name {_shown(name)} (1-{MAX_NAME} characters)"
                 )
-            # The engine sends a non-finite metric as null (JSON has no NaN): nothing to plot.
+            # The engine sends a non-finite metric as null (JSON has no NaN): nothing to plot,
+            # but the health rules hear of it (a NaN loss, ``webapp.alerts.rules.NonFinite``).
             if value is None:
+                non_finite.append(name)
                 continue
             clean_values[name] = _finite(seq, f"values.{name}", value)
         out["values"] = clean_values
+        if non_finite:
+            out["non_finite"] = non_finite
     elif kind == "samples":
         out["step"] = _step(seq, event)
         items = _require(seq, event, "items")
@@ -403,29 +416,37 @@ def _store_or_quarantine(run: Run, fresh: list[dict[str, Any]]) -> list[dict[str
 
 def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     now = timezone.now()
+    attempt = run.attempt_number
     points: list[PointRow] = []
     samples: list[Sample] = []
     checkpoints: list[Checkpoint] = []
     logs: list[LogLine] = []
     summary = dict(run.summary)
-    last_step = run.last_step
+    last_step = _supersede(run, fresh)
     final_seq = run.final_seq
 
     for event in fresh:
         seq, kind = event["seq"], event["type"]
         if kind == "metrics":
             for name, value in event["values"].items():
-                points.append((run.pk, name, event["step"], value, event["time"], seq))
+                points.append((run.pk, name, event["step"], value, event["time"], seq, attempt))
                 summary[name] = value
             last_step = max(last_step, event["step"])
         elif kind == "samples":
             samples.extend(
-                Sample(run=run, step=event["step"], seq=seq, index=i, **item)
+                Sample(run=run, step=event["step"], seq=seq, index=i, attempt=attempt, **item)
                 for i, item in enumerate(event["items"])
             )
         elif kind == "checkpoint":
             checkpoints.append(
-                Checkpoint(run=run, seq=seq, step=event["step"], path=event["path"], bytes=event["bytes"])
+                Checkpoint(
+                    run=run,
+                    seq=seq,
+                    step=event["step"],
+                    path=event["path"],
+                    bytes=event["bytes"],
+                    attempt=attempt,
+                )
             )
         elif kind == "log":
             logs.append(LogLine(run=run, seq=seq, level=event["level"], message=event["message"], time=now))
@@ -436,9 +457,10 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
             if event["state"] in ENGINE_FINAL_STATES and final_seq is None:
                 final_seq = seq
 
-    # ignore_conflicts: a row already stored (the same event under an older cursor, or a
-    # resumed run recomputing a step) keeps its first value.
+    # ignore_conflicts: a row already stored (the same event under an older cursor, or an
+    # engine logging a metric twice in one step) keeps its first value.
     insert_metric_points(points)
+    alert_state = monitor.observe(run, fresh)
     Sample.objects.bulk_create(samples, batch_size=500, ignore_conflicts=True)
     Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
     LogLine.objects.bulk_create(logs, batch_size=1000, ignore_conflicts=True)
@@ -449,16 +471,54 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
         "summary": summary,
         "heartbeat_at": now,
         "final_seq": final_seq,
+        "alert_state": alert_state,  # the health rules' state, moved with the cursor
     }
     Run.objects.filter(pk=run.pk).update(**updates)
     for name, value in updates.items():
         setattr(run, name, value)
+    attempt_row = RunAttempt.objects.filter(run_id=run.pk, number=attempt)
+    attempt_row.filter(first_seq__isnull=True).update(first_seq=fresh[0]["seq"])
+    attempt_row.update(last_seq=fresh[-1]["seq"])
+
+
+def _supersede(run: Run, fresh: list[dict[str, Any]]) -> int:
+    """Apply a rewind: the run's last step once this batch's first step is known.
+
+    The first metrics or samples event of an attempt at step ``s`` says where its engine took up
+    the run; whatever earlier attempts recorded at ``s`` or later is off the run's history now
+    (W&B's rewind): their points, samples and checkpoints are marked ``superseded`` (kept, each
+    under its own seq, so the stored events still equal the engines' logs) and the run's last
+    step falls back to ``s - 1`` before this batch counts. Done once per attempt
+    (``RunAttempt.first_step``); a page applies the same rule to the events it holds
+    (``static/tributary/series.js``)."""
+    number = run.attempt_number
+    first = next((e["step"] for e in fresh if e["type"] in ("metrics", "samples")), None)
+    if first is None:
+        return run.last_step
+    claimed = RunAttempt.objects.filter(run_id=run.pk, number=number, first_step__isnull=True).update(
+        first_step=first
+    )
+    if not claimed or number == 1:
+        return run.last_step
+    older = {"run_id": run.pk, "attempt__lt": number, "superseded": False, "step__gte": first}
+    hidden = MetricPoint.objects.filter(**older).update(superseded=True)
+    Sample.objects.filter(**older).update(superseded=True)
+    Checkpoint.objects.filter(**older).update(superseded=True)
+    if hidden:
+        log.info("run %s: attempt %d resumed at step %d: %d points superseded", run.pk, number, first, hidden)
+    return min(run.last_step, first - 1)
 
 
 def _apply_status(run: Run, state: str, message: str) -> str:
     """Apply an engine status event; return why it was refused ("" when applied or repeated)."""
     target = RunStatus(state)
     if run.status == target:
+        # The same state with news: a preparing run's phase ("loading the model", "building the
+        # starter policy: 180/1500 steps", engine/phases.py) is its status line until the next.
+        if message and message != run.status_message and not target.is_final:
+            Run.objects.filter(pk=run.pk, status=target).update(status_message=message)
+            run.status_message = message
+            announce.status_changed(run.pk, queue_moved=False)
         return ""
     if not RunStatus(run.status).can_become(target):
         return f"status {state!r} from the engine not applied: the run is {run.status!r}" + (

@@ -20,9 +20,9 @@ class InvalidTransition(Exception):
         if not reason:
             allowed = sorted(s.value for s in TRANSITIONS[RunStatus(current)])
             reason = (
-                f"from {self.current!r} it can go to {', '.join(allowed)}"
-                if allowed
-                else f"{self.current!r} is final"
+                f"{self.current!r} is final: only a resume queues it again"
+                if RunStatus(current) in FINAL_STATUSES
+                else f"from {self.current!r} it can go to {', '.join(allowed)}"
             )
         super().__init__(f"run {run_id}: cannot go from {self.current!r} to {self.requested!r}: {reason}")
 
@@ -74,6 +74,11 @@ class Run(models.Model):
         help_text="Seq of the engine's final status event: ingest accepts no event after it.",
     )
     queue = models.CharField(max_length=64, default="cpu")
+    attempt_number = models.PositiveIntegerField(
+        default=1,
+        help_text="The number of the run's current RunAttempt (1 for its launch, + 1 for each resume); "
+        "its events are stored under it.",
+    )
 
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
@@ -83,21 +88,49 @@ class Run(models.Model):
     last_step = models.IntegerField(default=0)
     summary = models.JSONField(default=dict, blank=True, help_text="Last value of each metric.")
     last_seq = models.BigIntegerField(default=0, help_text="Ingest cursor: highest event seq stored.")
+    # The engine's output (engine.log, webapp.runs.output): a byte cursor of its own, per stream.
+    output_stream = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="The worker's output file (host:device:inode) output_bytes is of.",
+    )
+    output_bytes = models.BigIntegerField(
+        default=0, help_text="Output cursor: the byte of that file up to which the output is stored."
+    )
+    output_file_bytes = models.BigIntegerField(
+        default=0, help_text="Committed length of the run's stored full log."
+    )
+    output_lines_dropped = models.BigIntegerField(
+        default=0,
+        help_text="Output lines deleted to keep the newest OUTPUT_LINES_KEPT (the full log has them).",
+    )
     resume_from = models.ForeignKey(
         "Checkpoint",
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
         related_name="resumed_by",
-        help_text="The parent's checkpoint this run starts from (a resume).",
+        help_text="The checkpoint the current attempt resumes from (for a child run of before resumes "
+        "continued the same run: its parent's).",
     )
     resume_path = models.TextField(
         blank=True,
-        help_text="Where the engine resumes from when not resume_from's own path (e.g. the parent's "
-        "checkpoint directory: the newest there); kept so a queue message can be sent again.",
+        help_text="Where the engine resumes from when not resume_from's own path (the run's checkpoint "
+        "directory: the newest there); kept so a queue message can be sent again.",
     )
     cancel_requested_at = models.DateTimeField(
         null=True, blank=True, help_text="A user asked to cancel; the worker is told on its socket."
+    )
+    archived_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Set: hidden from the runs table and the landing page unless asked for; restorable.",
+    )
+    # Health alerts (webapp.alerts): kept on the row ingest already locks and updates, so the
+    # rules cost no query of their own per batch (bench/alerts.py).
+    alert_state = models.JSONField(default=dict, blank=True, help_text="Each health rule's state between batches.")
+    alert_overrides = models.JSONField(
+        default=dict, blank=True, help_text="This run's health rule settings over its project's: {rule: {...}}."
     )
 
     class Meta:
@@ -120,6 +153,27 @@ class Run(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("run", kwargs={"run_id": self.pk})
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """A new run is saved with its first attempt, so every run has the attempt its events
+        are stored under (the launch, or for a run of before resumes continued the same run, a
+        child's start from its parent's checkpoint)."""
+        adding = self._state.adding
+        super().save(*args, **kwargs)
+        if adding:
+            final = RunStatus(self.status) in FINAL_STATUSES  # stored already ended (imported, seeded)
+            RunAttempt.objects.create(
+                run=self,
+                number=self.attempt_number,
+                created_by_id=self.created_by_id,
+                from_checkpoint_id=self.resume_from_id,
+                from_step=self.resume_from.step if self.resume_from_id else None,
+                started_at=self.started_at,
+                ended_at=self.finished_at if final else None,
+                worker_host=self.worker_host,
+                status=self.status if final else "",
+                message=self.status_message if final else "",
+            )
 
     # --- the state machine -------------------------------------------------------------
     def transition(self, to: RunStatus | str, *, message: str | None = None, **fields: Any) -> None:
@@ -146,6 +200,8 @@ class Run(models.Model):
             updates["heartbeat_at"] = now
         elif target in FINAL_STATUSES:
             updates["finished_at"] = now
+        elif target == RunStatus.QUEUED:  # a resume: the run is no longer finished
+            updates["finished_at"] = None
         changed = Run.objects.filter(pk=self.pk, status=current).update(**updates)
         if not changed:
             now_status = Run.objects.filter(pk=self.pk).values_list("status", flat=True).first()
@@ -157,6 +213,17 @@ class Run(models.Model):
             )
         for name, value in updates.items():
             setattr(self, name, value)
+        self._note_on_attempt(target, now)
+
+    def _note_on_attempt(self, target: RunStatus, now: Any) -> None:
+        """The current attempt's record follows the run: who started it, when and how it ended.
+        Done in the same place as the run's own change, so no path (ingest, cancel, the sweeper)
+        can move the run without its attempt."""
+        attempt = RunAttempt.objects.filter(run_id=self.pk, number=self.attempt_number)
+        if target == RunStatus.STARTING:
+            attempt.update(started_at=now, worker_host=self.worker_host)
+        elif target in FINAL_STATUSES:
+            attempt.update(ended_at=now, status=target, message=self.status_message)
 
     def start(self, worker_host: str) -> None:
         """A worker claims the queued run; only one of several competing workers wins."""
@@ -186,13 +253,28 @@ class MetricPoint(models.Model):
     value = models.FloatField()
     time = models.DateTimeField()
     seq = models.BigIntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=1, help_text="The RunAttempt.number that logged it.")
+    superseded = models.BooleanField(
+        default=False,
+        help_text="A later attempt resumed from an earlier step and logged this step again: kept, not charted by default.",
+    )
 
     class Meta:
-        # The unique constraint's index (run, name, step) also serves a run's series in step order.
+        # One point per step and attempt: a rewound attempt logs a step again beside the point it
+        # supersedes. The constraint's index (run, name, step, attempt) also serves a run's series
+        # in step order.
         constraints = [
-            models.UniqueConstraint(fields=["run", "name", "step"], name="metric_one_per_run_name_step")
+            models.UniqueConstraint(
+                fields=["run", "name", "step", "attempt"], name="metric_one_per_run_name_step_attempt"
+            )
         ]
-        indexes = [models.Index(fields=["run", "seq"], name="metric_run_seq")]
+        indexes = [
+            models.Index(fields=["run", "seq"], name="metric_run_seq"),
+            # Few points are superseded: a partial index finds them without reading the run's history.
+            models.Index(
+                fields=["run", "name", "step"], condition=models.Q(superseded=True), name="metric_superseded"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name}@{self.step}={self.value}"
@@ -201,8 +283,8 @@ class MetricPoint(models.Model):
 class Sample(models.Model):
     """One rollout of a samples event; ``index`` is its position among the event's items.
 
-    Text search is ``icontains`` on prompt/completion; on PostgreSQL migration 0002 adds
-    trigram GIN indexes that serve those ILIKE queries (SQLite scans a run's samples).
+    Text search is ``__search`` on prompt/completion (``webapp.runs.lookups``): ILIKE on
+    PostgreSQL, which the trigram GIN indexes of migration 0002 serve (SQLite scans a run's samples).
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
@@ -216,6 +298,8 @@ class Sample(models.Model):
     length = models.IntegerField(default=0)
     finish_reason = models.CharField(max_length=32, blank=True)
     extra = models.JSONField(default=dict, blank=True)
+    attempt = models.PositiveIntegerField(default=1, help_text="The RunAttempt.number that logged it.")
+    superseded = models.BooleanField(default=False, help_text="A later attempt logged its step again.")
 
     class Meta:
         constraints = [
@@ -247,10 +331,60 @@ class Checkpoint(models.Model):
     path = models.TextField()
     bytes = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
+    attempt = models.PositiveIntegerField(default=1, help_text="The RunAttempt.number that wrote it.")
+    superseded = models.BooleanField(
+        default=False,
+        help_text="A later attempt resumed from an earlier step: this checkpoint is off the run's history "
+        "(its files may be overwritten by the new branch's checkpoint of the same step), so it is not offered.",
+    )
 
     class Meta:
         ordering = ["step", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="checkpoint_one_per_run_seq")]
+
+
+class RunAttempt(models.Model):
+    """One time the run was queued and ran: its launch (number 1), then each resume.
+
+    A resume continues the same run (one URL, one history); this row says when the attempt
+    was queued, started and ended, on which worker, from which checkpoint, how it ended and
+    which seqs its engine wrote. ``first_step`` is the step of its first metrics or samples
+    event: the earlier attempts' records at that step and later are superseded
+    (``webapp.runs.ingest``), as W&B's rewind does. Run.attempt (the ingest token's counter) moves
+    on at every queue message, a reconciler's re-send included; this number moves only when a
+    user launches or resumes."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    worker_host = models.CharField(max_length=255, blank=True)
+    from_checkpoint = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="resumed_attempts"
+    )
+    from_step = models.IntegerField(
+        null=True, blank=True, help_text="The step of the checkpoint it resumed from (None: from the start)."
+    )
+    first_step = models.IntegerField(
+        null=True, blank=True, help_text="The step of its first metrics or samples event (None: none yet)."
+    )
+    status = models.CharField(
+        max_length=16, choices=RunStatus.choices, blank=True, help_text="How it ended (blank while it runs)."
+    )
+    message = models.TextField(blank=True)
+    first_seq = models.BigIntegerField(null=True, blank=True)
+    last_seq = models.BigIntegerField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="attempt_one_per_run_number")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of run {self.run_id}"
 
 
 class LogLine(models.Model):
@@ -263,6 +397,24 @@ class LogLine(models.Model):
     class Meta:
         ordering = ["seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="logline_one_per_run_seq")]
+
+
+class OutputLine(models.Model):
+    """One line of the engine's output (stderr of every rank, native libraries, progress), for the
+    Logs tab; ``offset`` is where it starts in the run's stored full log. Only the newest
+    ``webapp.runs.output.OUTPUT_LINES_KEPT`` of a run are kept; the full log has every line."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="output_lines")
+    offset = models.BigIntegerField()
+    level = models.CharField(max_length=16, choices=LogLevel.choices, default=LogLevel.INFO)
+    message = models.TextField()
+    time = models.DateTimeField()
+
+    class Meta:
+        ordering = ["offset"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "offset"], name="outputline_one_per_run_offset")
+        ]
 
 
 class ShareLink(models.Model):

@@ -37,7 +37,7 @@ def runs_own_code(config: dict[str, Any]) -> bool:
     return RewardPolicy.of_deployment(allow_any=False).names_own_code(names)
 
 
-def queue_run(run: Run, *, resume_path: str | None = None, workers: list[WorkerEntry] | None = None) -> None:
+def queue_run(run: Run, *, workers: list[WorkerEntry] | None = None) -> None:
     """Send the supervisor task for ``run`` to its queue, with a fresh ingest token; its status says
     why it waits when no online worker (``workers``, read from the registry if not given) can take it.
 
@@ -54,9 +54,8 @@ def queue_run(run: Run, *, resume_path: str | None = None, workers: list[WorkerE
             # and the worker's engine refuses the run's own code (a clear bad-config failure).
             "user_code": runs_own_code(run.config)
             and reward_policy_for(run.project, run.created_by).allow_any,
-            "resume_path": resume_path
-            or run.resume_path
-            or (run.resume_from.path if run.resume_from else None),
+            # A resume's: the checkpoint directory (the engine takes the newest there) or the chosen one.
+            "resume_path": run.resume_path or (run.resume_from.path if run.resume_from else None),
         },
         queue=run.queue,
     )

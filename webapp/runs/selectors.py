@@ -31,8 +31,9 @@ from django.db.models import (
 from django.db.models.fields.json import KT
 from django.db.models.functions import Floor, Greatest, Least
 
+from webapp.runs import housekeeping
 from webapp.runs.choices import ACTIVE_STATUSES, FINAL_STATUSES, LogLevel, RunStatus
-from webapp.runs.models import LogLine, MetricPoint, Run, Sample, ShareLink
+from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, RunAttempt, Sample, ShareLink
 
 # --- runs --------------------------------------------------------------------------------
 
@@ -56,9 +57,10 @@ def runs_visible_to(user: Any) -> QuerySet[Run]:
 def _run_rows(user: Any) -> QuerySet[Run]:
     """The caller's runs as a list of runs shows them (the landing page): project and team in the
     same query, ``total_steps`` read from the config by the database (the config itself, the
-    notes and the summary are left behind: a list has no use for them)."""
+    notes and the summary are left behind: a list has no use for them). Archived runs and the
+    runs of archived projects are left out (``webapp.runs.housekeeping``)."""
     return (
-        runs_visible_to(user)
+        housekeeping.listed(runs_visible_to(user).filter(project__archived_at=None))
         .select_related("project__team")
         .defer("config", "notes", "summary")
         .annotate(total_steps=KT("config__trainer__total_steps"))
@@ -83,16 +85,29 @@ def recent_runs_for(user: Any, limit: int) -> list[Run]:
 
 def run_with_details(run: Run) -> Run:
     """The run again, with what its page shows beside it: project, team, creator, parent, the
-    checkpoint it resumes from and ``checkpoint_count``, in one query."""
+    checkpoint it resumes from and ``checkpoint_count`` (those on its history: a resume may
+    start from them), in one query."""
     return (
         Run.objects.select_related("project__team", "created_by", "parent", "resume_from")
-        .annotate(checkpoint_count=Count("checkpoints", distinct=True))
+        .annotate(
+            checkpoint_count=Count("checkpoints", filter=Q(checkpoints__superseded=False), distinct=True)
+        )
         .get(pk=run.pk)
     )
 
 
+def run_attempts(run: Run) -> QuerySet[RunAttempt]:
+    """The run's attempts, first first, with the checkpoint each started from."""
+    return run.attempts.select_related("from_checkpoint").order_by("number")
+
+
+def resumable_checkpoints(run: Run) -> QuerySet[Checkpoint]:
+    """The checkpoints a resume may start from (on the run's history), newest step first."""
+    return run.checkpoints.filter(superseded=False).order_by("-step", "-seq")
+
+
 def run_children(run: Run) -> QuerySet[Run]:
-    """The runs forked or resumed from ``run``, oldest first."""
+    """The runs forked from ``run`` (or, before a resume continued the same run, resumed), oldest first."""
     return run.children.order_by("created_at", "id").only("id", "name", "status", "parent_kind")
 
 
@@ -159,12 +174,12 @@ def log_lines(run: Run, *, after_seq: int = 0, level: str | None = None) -> Quer
 def metric_names(run: Run) -> list[dict[str, Any]]:
     """Each metric the run logged: how many points, the step range, the value at the last step."""
     last_value = (
-        MetricPoint.objects.filter(run=OuterRef("run"), name=OuterRef("name"))
+        MetricPoint.objects.filter(run=OuterRef("run"), name=OuterRef("name"), superseded=False)
         .order_by("-step")
         .values("value")[:1]
     )
     rows = (
-        MetricPoint.objects.filter(run=run)
+        MetricPoint.objects.filter(run=run, superseded=False)
         .values("run", "name")
         .annotate(
             count=Count("id"), first_step=Min("step"), last_step=Max("step"), last_value=Subquery(last_value)
@@ -189,6 +204,11 @@ def metric_name_list(run: Run) -> list[str]:
         if name is None:
             return names
         names.append(name)
+
+
+def has_superseded_points(run: Run) -> bool:
+    """Whether a resume from an earlier step superseded some of the run's points."""
+    return MetricPoint.objects.filter(run=run, superseded=True).exists()
 
 
 class Epoch(Func):
@@ -216,6 +236,7 @@ def metric_series(
     max_points: int,
     after_step: int | None,
     x: str,
+    superseded: bool = False,
 ) -> list[dict[str, Any]]:
     """Each named series in step order, downsampled in the database beyond ``max_points``.
 
@@ -225,8 +246,11 @@ def metric_series(
     minimum and maximum (so a chart can draw the band the mean hides). With ``x=step`` a
     point at step s falls in bucket ``(s - first - 1) // width`` where
     ``width = ceil((last - first - 1) / (max_points - 2))``.
+
+    The run's history by default; with ``superseded`` the points resumes from an earlier step
+    replaced instead (several attempts may have one at a step: the latest first).
     """
-    base = MetricPoint.objects.filter(run=run)
+    base = MetricPoint.objects.filter(run=run, superseded=superseded)
     if after_step is not None:
         base = base.filter(step__gt=after_step)
     every_name = not names
@@ -252,7 +276,7 @@ def metric_series(
         if st is None:
             out.append(_series(name, 0, [], None))
         elif st["n"] <= max_points:
-            rows = points.order_by("step").values_list("step", "value", "time")
+            rows = points.order_by("step", "-attempt").values_list("step", "value", "time")
             out.append(_series(name, st["n"], [(s, v, t.timestamp(), None, None) for s, v, t in rows], None))
         else:
             rows, width = _downsampled(points, st["lo"], st["hi"], max_points, x)
@@ -278,8 +302,8 @@ def _series(name: str, total: int, rows: list[tuple[Any, ...]], width: float | N
 def _downsampled(
     points: QuerySet[MetricPoint], lo: int, hi: int, max_points: int, x: str
 ) -> tuple[list[tuple[Any, ...]], float]:
-    first = points.filter(step=lo).values_list("step", "value", "time").get()
-    last = points.filter(step=hi).values_list("step", "value", "time").get()
+    first = points.filter(step=lo).order_by("-attempt").values_list("step", "value", "time")[0]
+    last = points.filter(step=hi).order_by("-attempt").values_list("step", "value", "time")[0]
     inner = points.filter(step__gt=lo, step__lt=hi)
     buckets = max_points - 2
     t_lo, t_hi = first[2].timestamp(), last[2].timestamp()
@@ -321,8 +345,9 @@ def metric_csv_rows(run: Run, names: list[str], fmt: str) -> Generator[list[Any]
     ``wide``: a ``step`` column and one column per metric (empty where a metric has no value
     at that step); ``names`` (default: all) picks and orders the columns. ``long``:
     ``step,name,value,time`` (time in ISO 8601, UTC). Values are written with ``repr`` so they
-    read back as exactly the stored floats. Closing the generator closes the cursor."""
-    qs = MetricPoint.objects.filter(run=run)
+    read back as exactly the stored floats. Closing the generator closes the cursor. Only the
+    run's history: not the points a resume from an earlier step superseded."""
+    qs = MetricPoint.objects.filter(run=run, superseded=False)
     if names:
         qs = qs.filter(name__in=names)
     else:
@@ -379,24 +404,25 @@ SAMPLE_SORTS = {
 
 def samples(run: Run, *, q: str = "", step: int | None = None) -> QuerySet[Sample]:
     """The run's samples, at ``step`` if given, whose prompt or completion holds ``q``
-    (case-insensitive; trigram indexes serve it on PostgreSQL)."""
-    qs = Sample.objects.filter(run=run)
+    (case-insensitive; ``__search``: the trigram indexes serve it on PostgreSQL); not those a resume from an
+    earlier step superseded."""
+    qs = Sample.objects.filter(run=run, superseded=False)
     if step is not None:
         qs = qs.filter(step=step)
     if q:
-        qs = qs.filter(Q(prompt__icontains=q) | Q(completion__icontains=q))
+        qs = qs.filter(Q(prompt__search=q) | Q(completion__search=q))
     return qs
 
 
 def latest_sample_step(run: Run) -> int | None:
     """The last step that has samples (None: none yet)."""
-    return Sample.objects.filter(run=run).aggregate(latest=Max("step"))["latest"]
+    return Sample.objects.filter(run=run, superseded=False).aggregate(latest=Max("step"))["latest"]
 
 
 def sample_steps(run: Run) -> list[dict[str, Any]]:
     return [
         {"step": step, "count": count}
-        for step, count in Sample.objects.filter(run=run)
+        for step, count in Sample.objects.filter(run=run, superseded=False)
         .values("step")
         .annotate(count=Count("id"))
         .order_by("step")

@@ -27,7 +27,7 @@ from webapp.live import announce
 from webapp.runs import placement
 from webapp.runs.choices import FINAL_STATUSES, ParentKind, RunStatus
 from webapp.runs.ingest import InvalidEvent, stale_attempt_reason, store_events
-from webapp.runs.models import Checkpoint, InvalidTransition, Run
+from webapp.runs.models import Checkpoint, InvalidTransition, Run, RunAttempt
 from webapp.runs.queueing import queue_run, reward_policy_for
 from webapp.runs.reconcile import broker_from_env, claim_order
 from webapp.runs.tokens import TokenRejected
@@ -47,7 +47,7 @@ class RunConfigInvalid(ValueError):
 
 
 class CannotResume(ValueError):
-    """The run has no checkpoint to resume from, or is still running."""
+    """The run has no checkpoint to resume from (or not the one asked for), or is still running."""
 
 
 def validate_run_config(config: dict[str, Any], policy: RewardPolicy | None = None) -> dict[str, Any]:
@@ -94,12 +94,9 @@ def create_run(
     notes: str = "",
     parent: Run | None = None,
     parent_kind: str = "",
-    resume_from: Checkpoint | None = None,
-    resume_path: str | None = None,
 ) -> Run:
-    """Validate, store and queue a run; the task is sent after the transaction commits.
-
-    ``resume_path`` overrides where the engine resumes from (default: ``resume_from.path``)."""
+    """Validate, store and queue a run (its attempt 1: ``Run.save``); the task is sent after the
+    transaction commits. A resume is no new run: ``resume_run`` queues the same one again."""
     validated = validate_run_config(config, reward_policy_for(project, user))
     workers = placement.live_workers()  # one registry read serves the queue choice and the waiting message
     queue = placement.resolve_queue(_check_queue(queue), validated, workers)
@@ -115,19 +112,13 @@ def create_run(
             notes=notes,
             parent=parent,
             parent_kind=parent_kind,
-            resume_from=resume_from,
-            resume_path=resume_path or "",
-            # A resume numbers its own events from 1; its series continue after the step.
-            last_step=resume_from.step if resume_from else 0,
         )
         # Open runs tables and landing pages list it at once, not at its first status change.
         announce.status_changed(run.pk)
         # robust with Redis: a broker that is down does not fail the launch; the run is stored as
         # queued and the reconciler (webapp.runs.reconcile) sends it once the broker is back. The
         # file broker's reconciler cannot see a missing message, so a failed write is an error.
-        transaction.on_commit(
-            lambda: queue_run(run, resume_path=resume_path, workers=workers), robust=broker_from_env().exact
-        )
+        transaction.on_commit(lambda: queue_run(run, workers=workers), robust=broker_from_env().exact)
     return run
 
 
@@ -213,48 +204,89 @@ def store_dead_tail(run: Run) -> int:
     return stored
 
 
-def resume_run(parent: Run, user: Any, checkpoint: Checkpoint | None = None, *, queue: str = "") -> Run:
-    """A new child run that continues ``parent`` from ``checkpoint``, or by default from the
-    newest checkpoint in the parent's checkpoint directory.
+def resume_run(run: Run, user: Any, checkpoint: Checkpoint | None = None, *, queue: str = "") -> Run:
+    """Queue ``run`` again as its next attempt, from ``checkpoint`` or by default from its newest.
 
-    The default looks on the worker's disk, not only at what the web app stored: a worker
-    that went silent may have written checkpoints whose events never arrived (its engine
-    checkpoints when the worker dies), and ``checkpoint.keep_last`` may already have pruned
-    the newest one the web app knows. The parent must have stopped (failed, cancelled, lost
-    or succeeded). Checkpoint paths are on the worker that wrote them: resuming on another
-    machine needs the runs directory on shared storage (``TRIBUTARY_RUNS_DIR``).
+    The same run continues (one URL, one history, one row in the runs table): a new
+    ``RunAttempt`` records when, from which checkpoint and, once a worker claims it, where; the
+    run goes from its final status back to queued with its engine's final seq, claim and cancel
+    request cleared, and keeps its last step, summary and event cursor, so the engine (in the
+    same run directory, ``jobs.supervisor``) numbers its events after the stored ones. A
+    checkpoint older than the run's last step is a rewind: once the new attempt's first step
+    arrives, what earlier attempts recorded from that step on is superseded
+    (``webapp.runs.ingest``).
 
-    A lost parent whose run directory this machine holds (embedded mode, or a runs directory
-    shared with the workers) first gets the events its engine wrote after the web app last
-    heard from it (``store_dead_tail``): its last metrics and final checkpoint are stored, and
-    the child starts from that checkpoint, numbered after its step.
+    The default looks on the worker's disk, not only at what the web app stored: a worker that
+    went silent may have written checkpoints whose events never arrived (its engine checkpoints
+    when the worker dies), so the engine gets the checkpoint directory and takes the newest
+    there, unless an earlier rewind left checkpoints of a superseded branch in it (then the
+    newest stored one of the run's history, by path). The run must have stopped (failed,
+    cancelled, lost or succeeded). Checkpoint paths are on the worker that wrote them: resuming
+    on another machine needs the runs directory on shared storage (``TRIBUTARY_RUNS_DIR``).
+
+    A lost run whose directory this machine holds (embedded mode, or a runs directory shared
+    with the workers) first gets the events its engine wrote after the web app last heard from
+    it (``store_dead_tail``): its last metrics and final checkpoint are stored, and the next
+    attempt starts from that checkpoint.
     """
-    parent.refresh_from_db()
-    if RunStatus(parent.status) not in FINAL_STATUSES:
-        raise CannotResume(f"run {parent.pk} is {parent.status}: cancel it first, then resume")
-    if parent.status == RunStatus.LOST:
-        store_dead_tail(parent)
-    resume_path = None
+    run.refresh_from_db()
+    if RunStatus(run.status) not in FINAL_STATUSES:
+        raise CannotResume(f"run {run.pk} is {run.status}: cancel it first, then resume")
+    if run.status == RunStatus.LOST:
+        store_dead_tail(run)
+        run.refresh_from_db()
+    history = run.checkpoints.filter(superseded=False)
+    resume_path = ""
     if checkpoint is None:
-        checkpoint = parent.checkpoints.order_by("-step", "-seq").first()
+        checkpoint = history.order_by("-step", "-seq").first()
         if checkpoint is None:
-            raise CannotResume(f"run {parent.pk} wrote no checkpoint; fork it to start again from step 0")
-        resume_path = str(PurePosixPath(checkpoint.path).parent)  # the engine takes the newest there
-    elif checkpoint.run_id != parent.pk:
-        raise CannotResume(f"checkpoint {checkpoint.pk} is not one of run {parent.pk}'s")
-    return create_run(
-        parent.project,
-        user,
-        parent.config,
-        name=f"{parent.name}-resume",
-        queue=queue or parent.queue,
-        tags=list(parent.tags),
-        notes=parent.notes,
-        parent=parent,
-        parent_kind=ParentKind.RESUME,
-        resume_from=checkpoint,
-        resume_path=resume_path,
-    )
+            raise CannotResume(f"run {run.pk} wrote no checkpoint; fork it to start again from step 0")
+        if not run.checkpoints.filter(superseded=True).exists():
+            resume_path = str(PurePosixPath(checkpoint.path).parent)  # the engine takes the newest there
+    elif checkpoint.run_id != run.pk:
+        raise CannotResume(f"checkpoint {checkpoint.pk} is not one of run {run.pk}'s")
+    elif checkpoint.superseded:
+        raise CannotResume(
+            f"checkpoint {checkpoint.pk} (step {checkpoint.step}) is on a branch a later resume left "
+            f"(its files may be overwritten): pick one of the run's current checkpoints"
+        )
+    # The stored config is the run's; it must still validate, and name only reward code the user
+    # who resumes it may run (as at a launch). The queue is the run's unless another is named.
+    validate_run_config(run.config, reward_policy_for(run.project, user))
+    workers = placement.live_workers()
+    queue = placement.resolve_queue(_check_queue(queue), run.config, workers) if queue else run.queue
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        number = locked.attempt_number + 1
+        try:
+            locked.transition(
+                RunStatus.QUEUED,
+                # Waiting words, which the queue's placement replaces with the run's place in the
+                # queue once it is sent (``placement.refresh_waiting`` owns those words).
+                message=placement.WAITING
+                + f"resumed from the checkpoint of step {checkpoint.step} (attempt {number}); placing it in the queue",
+                final_seq=None,
+                claim="",
+                cancel_requested_at=None,
+                worker_host="",
+                started_at=None,  # the latest attempt's start: this one has not started yet
+                queue=queue,
+                attempt_number=number,
+                resume_from=checkpoint,
+                resume_path=resume_path,
+            )
+        except InvalidTransition as exc:  # another request resumed it first
+            raise CannotResume(f"run {run.pk} is no longer stopped: {exc}") from None
+        RunAttempt.objects.create(
+            run=locked,
+            number=number,
+            from_checkpoint=checkpoint,
+            from_step=checkpoint.step,
+            created_by=user if getattr(user, "is_authenticated", False) else None,
+        )
+        announce.status_changed(locked.pk)
+        transaction.on_commit(lambda: queue_run(locked, workers=workers), robust=broker_from_env().exact)
+    return locked
 
 
 # --- a worker takes the run ------------------------------------------------------------
@@ -286,7 +318,7 @@ def claim_run(run_id: int, host: str, claim: str = "", attempt: int | None = Non
     if not claim:
         if run.status == RunStatus.QUEUED:
             try:
-                run.start(worker_host=host)
+                run.transition(RunStatus.STARTING, worker_host=host, message=placement.taken_by(host))
                 announce.status_changed(run.pk)
                 return None
             except InvalidTransition:  # cancelled meanwhile: the worker learns it from the status
@@ -303,7 +335,8 @@ def claim_run(run_id: int, host: str, claim: str = "", attempt: int | None = Non
             if attempt is not None and run.attempt != attempt:
                 return False, stale_attempt_reason(run_id, attempt, run.attempt)
             try:
-                run.transition(RunStatus.STARTING, worker_host=host, claim=claim)
+                # The waiting message goes: the worker's and the engine's phases follow (issue 15).
+                run.transition(RunStatus.STARTING, worker_host=host, claim=claim, message=placement.taken_by(host))
                 announce.status_changed(run.pk)
                 return True, ""
             except InvalidTransition:  # another supervisor won, or it was cancelled meanwhile

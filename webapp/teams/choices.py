@@ -5,8 +5,8 @@ class Role(models.TextChoices):
     """A member's role in a team. Each role can do everything the ones before it can."""
 
     VIEWER = "viewer", "Viewer"  # sees the team's projects and runs
-    MEMBER = "member", "Member"  # also launches, cancels, forks and resumes runs
-    ADMIN = "admin", "Admin"  # also manages members and projects
+    MEMBER = "member", "Member"  # also launches, cancels, forks, resumes, renames and archives runs
+    ADMIN = "admin", "Admin"  # also manages members, invites, the team's name, projects; deletes runs
 
     @property
     def rank(self) -> int:

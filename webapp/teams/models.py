@@ -61,6 +61,11 @@ class Project(models.Model):
     slug = models.SlugField(max_length=100)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    archived_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Set: hidden from the lists (restorable from the team's Archived view); its runs keep their URLs.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -71,3 +76,33 @@ class Project(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("project", kwargs={"project_id": self.pk})
+
+
+class Invite(models.Model):
+    """A link that lets whoever opens it join ``team`` with ``role``, once, before ``expires_at``.
+
+    Only the SHA-256 of the link's token is stored (``webapp.teams.invites`` makes and checks
+    them): the database never holds a working link, so the admin sees it once, when made.
+    A used, revoked or expired invite keeps its row (who invited whom, when)."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invites")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    note = models.CharField(max_length=200, blank=True, help_text="Who it is for (an email address, a name).")
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["team", "used_at", "revoked_at"], name="invite_team_pending")]
+
+    def __str__(self) -> str:
+        return f"invite to {self.team} as {self.role}"

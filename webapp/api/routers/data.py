@@ -46,6 +46,11 @@ class SeriesQuery(Schema):
     x: Literal["step", "time"] = Field(
         "step", description="Bucket along steps or wall-clock time when downsampling."
     )
+    superseded: bool = Field(
+        False,
+        description="The points a resume from an earlier step superseded (kept, not charted by default) "
+        "instead of the run's history.",
+    )
 
 
 class CsvQuery(Schema):
@@ -84,6 +89,7 @@ def series_response(run: Run, params: SeriesQuery) -> dict[str, Any]:
             max_points=params.max_points,
             after_step=params.after_step,
             x=params.x,
+            superseded=params.superseded,
         ),
     }
 

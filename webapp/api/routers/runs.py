@@ -63,30 +63,33 @@ def cancel_run(request: HttpRequest, run_id: Id) -> dict[str, Any]:
 
 @router.post(
     "/runs/{run_id}/resume",
-    response={201: RunOut, **WRITE, **STATE},
+    response={200: RunOut, **WRITE, **STATE},
     summary="Resume from a checkpoint (member)",
 )
-def resume_from_checkpoint(request: HttpRequest, run_id: Id, payload: ResumeIn) -> Status[dict[str, Any]]:
-    """A new child run that continues this one from a checkpoint (default: the latest).
+def resume_from_checkpoint(request: HttpRequest, run_id: Id, payload: ResumeIn) -> dict[str, Any]:
+    """Queue the run again, as its next attempt, from a checkpoint (default: the latest): the same
+    run continues, with the same id and one history (``attempts`` lists each attempt).
 
-    The run must have stopped (409 otherwise, and when it wrote no checkpoint)."""
-    parent = run_for(request.auth, run_id, Role.MEMBER)
+    A checkpoint older than the run's last step rewinds it: the steps after the checkpoint are
+    logged again by the new attempt, and the points they replace are kept as superseded
+    (``GET /runs/{id}/metrics/series?superseded=true``). The run must have stopped (409
+    otherwise, and when it wrote no checkpoint)."""
+    run = run_for(request.auth, run_id, Role.MEMBER)
     checkpoint = None
     if payload.checkpoint_id is not None:
-        checkpoint = Checkpoint.objects.filter(pk=payload.checkpoint_id, run=parent).first()
+        checkpoint = Checkpoint.objects.filter(pk=payload.checkpoint_id, run=run).first()
         if checkpoint is None:
             raise ValidationError(
                 [
                     {
                         "type": "value_error",
                         "loc": ["body", "payload", "checkpoint_id"],
-                        "msg": f"run {parent.pk} has no checkpoint {payload.checkpoint_id}: "
-                        f"see GET /api/runs/{parent.pk}/checkpoints",
+                        "msg": f"run {run.pk} has no checkpoint {payload.checkpoint_id}: "
+                        f"see GET /api/runs/{run.pk}/checkpoints",
                     }
                 ]
             )
-    child = resume_run(parent, request.auth, checkpoint, queue=payload.queue)
-    return Status(201, _out(request, child))
+    return _out(request, resume_run(run, request.auth, checkpoint, queue=payload.queue))
 
 
 @router.post(

@@ -16,6 +16,7 @@ Input names are dotted paths (``rollout.n``, ``reward.functions.0.weight``), ids
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Iterator
@@ -369,18 +370,21 @@ def _enum_value(raw: str, enum: list[Any]) -> Any:
 def _set_path(config: dict[str, Any], parts: list[Any], value: Any) -> None:
     node: Any = config
     for part in parts[:-1]:
-        key: Any = int(part) if isinstance(node, list) else part
-        if isinstance(node, list):
-            if not isinstance(key, int) or key >= len(node):
+        if not isinstance(node, dict | list):
+            return
+        if isinstance(node, list):  # a row index; a path that is not one (posted by hand) sets nothing
+            if not str(part).isdecimal() or int(part) >= len(node):
                 return
-            node = node[key]
+            node = node[int(part)]
             continue
-        child = node.get(key)
+        child = node.get(part)
         if not isinstance(child, dict | list):
             child = {}
-            node[key] = child
+            node[part] = child
         node = child
     last = parts[-1]
+    if not isinstance(node, dict | list):
+        return
     if isinstance(node, list):
         try:
             idx = int(last)
@@ -424,8 +428,13 @@ def add_row(config: dict[str, Any], path: str, template: dict[str, Any]) -> None
 def remove_row(config: dict[str, Any], path: str) -> None:
     list_path, _, index = path.rpartition(".")
     node = _get(config, list_path)
-    if isinstance(node, list) and index.isdigit() and int(index) < len(node):
+    if isinstance(node, list) and index.isdecimal() and int(index) < len(node):
         del node[int(index)]
+
+
+def reset_value(config: dict[str, Any], baseline: dict[str, Any], path: str) -> None:
+    """Set the value at ``path`` back to the baseline's (a field's "reset to the preset value")."""
+    _set_path(config, path.split("."), copy.deepcopy(_get(baseline, path)))
 
 
 def _get(config: Any, path: str) -> Any:
@@ -433,7 +442,7 @@ def _get(config: Any, path: str) -> Any:
     for part in path.split("."):
         if isinstance(node, dict):
             node = node.get(part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        elif isinstance(node, list) and part.isdecimal() and int(part) < len(node):
             node = node[int(part)]
         else:
             return None

@@ -1,15 +1,22 @@
 """The new-run page: a form generated from the engine's schema, a YAML view of the same config.
 
-One view serves the page and its editor. The page posts (no JavaScript needed) to launch
-or export; the editor's buttons post through htmx to ``…/new/editor/`` and get the editor
-back (form <-> YAML, import a file, add or remove a reward row). The config travels in the
-request either as the generated form's fields (``_mode=form``) or as YAML (``_mode=yaml``).
+One view serves the page and its editor. The page posts (no JavaScript needed) to review,
+launch or export; the editor's buttons post through htmx to ``…/new/editor/`` and get the
+editor back (form <-> YAML, import a file, add or remove a reward row, reset a field). The
+config travels in the request either as the generated form's fields (``_mode=form``) or as
+YAML (``_mode=yaml``).
+
+Every value is compared with a baseline: the preset the page started from, or the run it
+clones (``_baseline``). The form marks the fields that differ (``layout.py``), and the review
+step (``_action=review``) lists the differences of the validated config, which is what a launch
+stores (``review.py``).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import re
 from typing import Any
 
 import yaml
@@ -22,7 +29,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from engine.config import PRESETS, ConfigError, deep_merge, json_schema, load_yaml, resolve_preset
 from webapp.inputs import parse_id
-from webapp.pages.launch import schema_form
+from webapp.pages.launch import layout, review, schema_form
 from webapp.runs import placement
 from webapp.runs.choices import ParentKind
 from webapp.runs.models import Run
@@ -51,6 +58,9 @@ DEFAULT_PRESET = "grpo"
 MAX_UPLOAD_BYTES = 1_000_000
 LAUNCH_FIELDS = ("queue", "tags", "notes")
 LAUNCH_LABELS = {"queue": "Queue", "tags": "Tags", "notes": "Notes"}  # new.html's labels of LAUNCH_FIELDS
+OPEN_FIELD = "_open"  # hidden input: ids of the sections the user opened, kept across re-renders
+SECTION_ID = re.compile(r"f-[a-z_]{1,40}")  # what OPEN_FIELD may hold (it is echoed back into the page)
+MAX_OPEN = 32
 
 
 @functools.cache
@@ -73,23 +83,52 @@ def _complete(values: dict[str, Any]) -> dict[str, Any]:
     return deep_merge(_defaults(), resolve_preset(values))
 
 
+def _baseline(launch: dict[str, Any]) -> dict[str, Any]:
+    """What the values are compared with: the cloned run's stored config, else the preset's
+    (validated as a launch of it unchanged would store it), else the defaults."""
+    run = launch["from_run"]
+    if run is not None:
+        return {"config": run.config, "label": f"run {run.name}"}
+    preset = launch["preset"]
+    if preset in PRESETS:
+        return {"config": _preset_config(preset), "label": f"preset {PRESET_LABELS.get(preset, preset)}"}
+    return {"config": _defaults(), "label": "the defaults"}
+
+
 class _Editor:
     """The state of the config editor of one request."""
 
-    def __init__(self, mode: str = "form", config: dict[str, Any] | None = None, text: str = "") -> None:
+    def __init__(
+        self,
+        mode: str = "form",
+        config: dict[str, Any] | None = None,
+        text: str = "",
+        baseline: dict[str, Any] | None = None,
+        open_ids: set[str] | None = None,
+    ) -> None:
         self.mode = mode
         self.config = config if config is not None else {}
         self.text = text
         self.yaml_error = ""
         self.problems: list[tuple[str, str]] = []
+        self.baseline = baseline if baseline is not None else {"config": _defaults(), "label": "the defaults"}
+        self.open_ids = open_ids or set()
 
     def context(self, launch_errors: dict[str, str] | None = None) -> dict[str, Any]:
         """The editor's template context; its error summary lists every problem the page shows
         (``launch_errors``: those of the launch fields below the editor, by field name)."""
-        ctx: dict[str, Any] = {"mode": self.mode, "yaml_text": self.text, "yaml_error": self.yaml_error}
+        ctx: dict[str, Any] = {
+            "mode": self.mode,
+            "yaml_text": self.text,
+            "yaml_error": self.yaml_error,
+            "baseline_label": self.baseline["label"],
+            "open_ids": " ".join(sorted(self.open_ids)),
+        }
         if self.mode == "form":
             form = schema_form.build_form(_schema(), self.config)
+            layout.mark_changes(form, schema_form.build_form(_schema(), self.baseline["config"]))
             general = schema_form.attach_errors(form, self.problems)
+            layout.arrange(form, self.open_ids)
             ctx.update(form=form, general_errors=general, field_errors=schema_form.field_errors(form))
         else:
             ctx.update(
@@ -139,12 +178,12 @@ def _initial(request: HttpRequest) -> tuple[_Editor, dict[str, Any]]:
         config = copy.deepcopy(run.config)
         config["name"] = f"{run.name}-fork"[:200]
         launch.update(queue=run.queue, tags=", ".join(run.tags or []), from_run=run)
-        return _Editor("form", _complete(config)), launch
+        return _Editor("form", _complete(config), baseline=_baseline(launch)), launch
     preset = request.GET.get("preset") or DEFAULT_PRESET
     if preset not in PRESETS:
         raise Http404(f"unknown preset {preset!r}")
     launch["preset"] = preset
-    return _Editor("form", copy.deepcopy(_preset_config(preset))), launch
+    return _Editor("form", copy.deepcopy(_preset_config(preset)), baseline=_baseline(launch)), launch
 
 
 def _posted(request: HttpRequest) -> tuple[_Editor, dict[str, Any]]:
@@ -159,10 +198,12 @@ def _posted(request: HttpRequest) -> tuple[_Editor, dict[str, Any]]:
     }
     if data.get("_from"):
         launch["from_run"] = _source_run(request, data["_from"])
+    baseline = _baseline(launch)
+    open_ids = {i for i in data.get(OPEN_FIELD, "").split()[:MAX_OPEN] if SECTION_ID.fullmatch(i)}
     if data.get("_mode") == "yaml":
-        return _Editor("yaml", text=data.get("config_yaml", "")), launch
+        return _Editor("yaml", text=data.get("config_yaml", ""), baseline=baseline, open_ids=open_ids), launch
     config, problems = schema_form.parse_form(_schema(), data)
-    editor = _Editor("form", config)
+    editor = _Editor("form", config, baseline=baseline, open_ids=open_ids)
     editor.problems = problems
     return editor, launch
 
@@ -232,6 +273,8 @@ def _apply_action(request: HttpRequest, editor: _Editor, action: str) -> None:
         schema_form.add_row(editor.config, path, schema_form.row_template(_schema(), path))
     elif action.startswith("remove:") and editor.mode == "form":
         schema_form.remove_row(editor.config, action.removeprefix("remove:"))
+    elif action.startswith("reset:") and editor.mode == "form":
+        schema_form.reset_value(editor.config, editor.baseline["config"], action.removeprefix("reset:"))
 
 
 def _config_of(editor: _Editor) -> dict[str, Any] | None:
@@ -273,7 +316,10 @@ def _tags(text: str) -> list[str]:
     return out
 
 
-def _launch(request: HttpRequest, project: Project, editor: _Editor, launch: dict[str, Any]) -> HttpResponse:
+def _validated(
+    request: HttpRequest, project: Project, editor: _Editor, launch: dict[str, Any]
+) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """The config as a launch would store it, or None with every problem put where the page shows it."""
     config = _config_of(editor)
     launch_errors: dict[str, str] = {}
     queue = (launch["queue"] or AUTO).strip().lower()
@@ -281,36 +327,65 @@ def _launch(request: HttpRequest, project: Project, editor: _Editor, launch: dic
         launch_errors["queue"] = (
             f"{queue!r} is not a queue name: use letters, digits, '-', '_' or '.' (e.g. cpu, gpu)"
         )
-    if config is not None and not editor.problems:
-        if launch_errors:  # still check the config, so every problem shows at once
-            try:
-                validate_run_config(config, reward_policy_for(project, request.user))
-            except RunConfigInvalid as exc:
-                editor.problems.extend(exc.problems)
-            return _page(request, project, editor, launch, status=422, launch_errors=launch_errors)
-        try:
-            validate_run_config(config, reward_policy_for(project, request.user))
-            parent = launch["from_run"]
-            run = create_run(
-                project,
-                request.user,
-                config,
-                name=str(config.get("name") or ""),
-                queue=launch["queue"] or AUTO,
-                tags=_tags(launch["tags"]),
-                notes=launch["notes"],
-                parent=parent,
-                parent_kind=ParentKind.FORK if parent else "",
-            )
-        except RunConfigInvalid as exc:
-            for path, message in exc.problems:
-                if path in LAUNCH_FIELDS:
-                    launch_errors[path] = message
-                else:
-                    editor.problems.append((path, message))
-        else:
-            return redirect(run)
-    return _page(request, project, editor, launch, status=422, launch_errors=launch_errors)
+    if config is None or editor.problems:
+        return None, launch_errors
+    try:
+        validated = validate_run_config(config, reward_policy_for(project, request.user))
+    except RunConfigInvalid as exc:  # checked even with a bad queue, so every problem shows at once
+        editor.problems.extend(exc.problems)
+        return None, launch_errors
+    return (None if launch_errors else validated), launch_errors
+
+
+def _review(launch: dict[str, Any], editor: _Editor, validated: dict[str, Any]) -> dict[str, Any]:
+    """The review step's context: the differences from the baseline and the digest a launch checks."""
+    queue, tags, notes = (launch["queue"] or AUTO).strip().lower(), _tags(launch["tags"]), launch["notes"]
+    return {
+        "rows": review.config_diff(validated, editor.baseline["config"]),
+        "baseline_label": editor.baseline["label"],
+        "queue": queue,
+        "tags": tags,
+        "digest": review.digest(validated, queue, tags, notes),
+        "stale": False,
+    }
+
+
+def _launch(
+    request: HttpRequest, project: Project, editor: _Editor, launch: dict[str, Any], *, action: str
+) -> HttpResponse:
+    """``review``: the review step (or the problems); ``launch``: create the run, unless the values
+    differ from the review the form was launched from, which is then shown again."""
+    validated, launch_errors = _validated(request, project, editor, launch)
+    if validated is None:
+        return _page(request, project, editor, launch, status=422, launch_errors=launch_errors)
+    checked = _review(launch, editor, validated)
+    reviewed = request.POST.get("_reviewed", "")
+    if action == "review" or (reviewed and reviewed != checked["digest"]):
+        checked["stale"] = action != "review"
+        status = 409 if checked["stale"] else 200
+        return _page(request, project, editor, launch, status=status, review=checked)
+    config = _config_of(editor)
+    parent = launch["from_run"]
+    try:
+        run = create_run(
+            project,
+            request.user,
+            config,
+            name=str(validated.get("name") or ""),
+            queue=launch["queue"] or AUTO,
+            tags=_tags(launch["tags"]),
+            notes=launch["notes"],
+            parent=parent,
+            parent_kind=ParentKind.FORK if parent else "",
+        )
+    except RunConfigInvalid as exc:
+        for path, message in exc.problems:
+            if path in LAUNCH_FIELDS:
+                launch_errors[path] = message
+            else:
+                editor.problems.append((path, message))
+        return _page(request, project, editor, launch, status=422, launch_errors=launch_errors)
+    return redirect(run)
 
 
 def _export(editor: _Editor) -> HttpResponse:
@@ -342,8 +417,8 @@ def new_run(request: HttpRequest, project_id: int) -> HttpResponse:
     action = request.POST.get("_action", "launch")
     if action == "export":
         return _export(editor)
-    if action == "launch":
-        return _launch(request, project, editor, launch)
+    if action in ("launch", "review"):
+        return _launch(request, project, editor, launch, action=action)
     _apply_action(request, editor, action)  # the page without JavaScript: same editor actions
     return _page(request, project, editor, launch)
 

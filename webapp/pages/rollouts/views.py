@@ -1,7 +1,8 @@
 """The rollout browser: an HTML partial the run page loads into ``<section id="rollouts">``.
 
 One step at a time (a slider over the steps that have samples, or the latest), each prompt's
-group of completions side by side; search, sort by reward or length, pages of groups. "Follow"
+group of completions side by side; sort by reward or length, pages of groups. A search looks at
+every step (each hit with its step), or at the chosen step only (``scope=step``). "Follow"
 shows one prompt's completions across steps instead. The same partial serves a share link,
 read-only (it has no actions that change anything anyway).
 """
@@ -13,7 +14,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
@@ -27,8 +28,14 @@ from webapp.teams import access
 GROUPS_PER_PAGE = 8
 STEPS_PER_PAGE = 10
 MAX_SAMPLES = 5000  # per request: a step holds at most logging.samples_per_step (<= 4096)
+# A search over every step reads at most this many hits, newest first. A frequent word makes
+# PostgreSQL walk the (run, step) index backwards testing each completion until it has them:
+# 1,000 hits of a word in 5% of 256,000 completions read 19,700 rows, 0.17 s on a loaded 2-core
+# machine; 5,000 read 98,600 rows, 0.98 s (bench/rollout_search.py, EXPLAIN ANALYZE).
+SEARCH_HITS = 1000
 PREVIEW_LINES = 12
 PREVIEW_CHARS = 1200
+SCOPES = ("all", "step")  # where a search looks: every step (the default), or the chosen step only
 REWARD_LEVELS = 5  # app.css's card colours, data-reward-level 0 (the run's lowest) .. 4 (highest)
 SORTS = {
     "": "as generated",
@@ -37,6 +44,18 @@ SORTS = {
     "-length": "length, long first",
     "length": "length, short first",
 }
+
+
+VIEW_PARAMS = ("step", "at", "q", "sort", "page", "follow", "scope", "open")
+
+
+def rollouts_query(raw: str) -> str:
+    """The rollout view a run page URL names (``?rollouts=<query>``, written by rollouts.js), as
+    the query string of the partial the page loads: only the view's own parameters, each cut to
+    200 characters. Anything else in it is dropped, so the page URL can carry nothing the
+    partial does not read itself."""
+    params = QueryDict(raw[:2000])
+    return urlencode({k: params[k][:200] for k in VIEW_PARAMS if params.get(k)})
 
 
 def _split(text: str, lines: int = PREVIEW_LINES, chars: int = PREVIEW_CHARS) -> tuple[str, str]:
@@ -70,7 +89,7 @@ def _reward_range(run: Run) -> tuple[float, float] | None:
     Relative to the run rather than a fixed scale: a 0/1 task shows red and green, a graded
     reward of any magnitude the shades between, and a card's colour says where it stands among
     the run's rollouts. Two LIMIT 1 queries on the ``(run, reward)`` index."""
-    rewarded = Sample.objects.filter(run=run, reward__isnull=False).order_by("reward")
+    rewarded = Sample.objects.filter(run=run, reward__isnull=False, superseded=False).order_by("reward")
     lowest = rewarded.values_list("reward", flat=True).first()
     highest = rewarded.values_list("reward", flat=True).last()
     return None if lowest is None or highest is None else (lowest, highest)
@@ -131,6 +150,14 @@ def _sort_key(sort: str) -> Any:
     return key
 
 
+def _order(groups: list[dict[str, Any]], sort: str) -> None:
+    """Sort groups in place by their mean reward or length (``sort``; "" keeps their order)."""
+    if sort:
+        field = "mean_reward" if sort.lstrip("-") == "reward" else "mean_length"
+        sign = -1 if sort.startswith("-") else 1
+        groups.sort(key=lambda g: (g[field] is None, sign * (g[field] or 0)))
+
+
 def _groups(samples: list[Sample], sort: str, scale: tuple[float, float] | None) -> list[dict[str, Any]]:
     """Rollouts grouped by prompt text, in order of first appearance (or by the sort); each
     rollout's colour is relative to the run's reward range ``scale``."""
@@ -158,10 +185,7 @@ def _groups(samples: list[Sample], sort: str, scale: tuple[float, float] | None)
         group["truncated"] = sum(r["truncated"] for r in group["rollouts"])
         if sort:
             group["rollouts"].sort(key=_sort_key(sort))
-    if sort:
-        field = "mean_reward" if sort.lstrip("-") == "reward" else "mean_length"
-        sign = -1 if sort.startswith("-") else 1
-        groups.sort(key=lambda g: (g[field] is None, sign * (g[field] or 0)))
+    _order(groups, sort)
     return groups
 
 
@@ -183,7 +207,6 @@ def _int(value: str | None, default: int) -> int:
 
 
 def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> HttpResponse:
-    steps = [s["step"] for s in selectors.sample_steps(run)]
     q = request.GET.get("q", "").strip()[:200]
     sort = request.GET.get("sort", "")
     if sort not in SORTS:
@@ -193,12 +216,12 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
         "run": run,
         "base_url": base_url,
         "shared": shared,
-        "steps": steps,
         "q": q,
         "sort": sort,
         "sorts": SORTS.items(),
         "follow": None,
         "reward_range": _reward_range(run),
+        "open_id": parse_id(request.GET.get("open")),  # the completion the user had opened
     }
     base = selectors.samples(run, q=q)
 
@@ -209,6 +232,13 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
             raise Http404("sample not found")
         return _follow(request, run, anchor, base, context, page)
 
+    scope = request.GET.get("scope", "")
+    context["scope"] = scope if scope in SCOPES else ""
+    if q and context["scope"] != "step":
+        return _search(request, run, base, context, page)
+
+    # The steps that have samples (one GROUP BY over the run's samples): the step view's slider alone needs them.
+    steps = context["steps"] = [s["step"] for s in selectors.sample_steps(run)]
     raw_step = request.GET.get("step") or ""
     at = request.GET.get("at")
     at_index = parse_id(at)
@@ -235,9 +265,11 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
     for group in shown:
         group["follow_url"] = _url(base_url, follow=group["first_id"], sort=sort, q=q)
     step_param = "latest" if latest else step
+    scope = context["scope"]
     context.update(
-        latest_url=_url(base_url, step="latest", q=q, sort=sort),
-        page_links=_pages(base_url, page, pages, step=step_param, q=q, sort=sort),
+        every_step_url=_url(base_url, q=q, sort=sort) if q else "",
+        latest_url=_url(base_url, step="latest", q=q, sort=sort, scope=scope),
+        page_links=_pages(base_url, page, pages, step=step_param, q=q, sort=sort, scope=scope),
         step=step,
         latest=latest,
         step_index=steps.index(step) if step is not None else 0,
@@ -248,6 +280,61 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
         pages=pages,
     )
     return render(request, "pages/rollouts/browser.html", context)
+
+
+def _search(request: HttpRequest, run: Run, base: Any, context: dict[str, Any], page: int) -> HttpResponse:
+    """Search every step: the matching completions newest step first, grouped by step and prompt.
+
+    A completion seen at step 20 is found from any view (issue 18): the step slider limits a
+    search only when asked (``scope=step``). Two queries: the hits' keys (at most
+    ``SEARCH_HITS``, newest first; the summary says when there were more), which place every hit
+    in its group and sort the groups; then the full rows of the one page of groups shown. The
+    text condition is ``__search``, which the trigram indexes serve on PostgreSQL
+    (``webapp.runs.lookups``; bench/rollout_search.py)."""
+    base_url, q, sort = context["base_url"], context["q"], context["sort"]
+    keys = list(
+        base.order_by("-step", "seq", "index").values_list("id", "step", "prompt", "reward", "length")[
+            : SEARCH_HITS + 1
+        ]
+    )
+    capped = len(keys) > SEARCH_HITS
+    keys = keys[:SEARCH_HITS]
+    found: dict[tuple[int, str], dict[str, Any]] = {}  # (step, prompt) -> the group's ids and means
+    for pk, step, prompt, reward, length in keys:
+        group = found.setdefault((step, prompt), {"step": step, "ids": [], "rewards": [], "lengths": []})
+        group["ids"].append(pk)
+        if reward is not None:
+            group["rewards"].append(reward)
+        group["lengths"].append(length)
+    groups = list(found.values())  # newest step first
+    for group in groups:
+        group["mean_reward"] = sum(group["rewards"]) / len(group["rewards"]) if group["rewards"] else None
+        group["mean_length"] = sum(group["lengths"]) / len(group["lengths"])
+    _order(groups, sort)
+    pages = max(math.ceil(len(groups) / GROUPS_PER_PAGE), 1)
+    page = min(page, pages)
+    page_groups = groups[(page - 1) * GROUPS_PER_PAGE : page * GROUPS_PER_PAGE]
+    rows = Sample.objects.in_bulk([pk for g in page_groups for pk in g["ids"]])
+    shown = []
+    for found_group in page_groups:
+        (group,) = _groups([rows[pk] for pk in found_group["ids"] if pk in rows], sort, context["reward_range"])
+        group["step"] = found_group["step"]
+        group["step_url"] = _url(base_url, step=group["step"], q=q, sort=sort, scope="step")
+        group["follow_url"] = _url(base_url, follow=group["first_id"], sort=sort, q=q)
+        shown.append(group)
+    context.update(
+        searching=True,
+        groups=shown,
+        group_count=len(groups),
+        sample_count=len(keys),
+        step_count=len({g["step"] for g in groups}),
+        capped=capped,
+        page=page,
+        pages=pages,
+        page_links=_pages(base_url, page, pages, q=q, sort=sort),
+        this_step_url=_url(base_url, step="latest", q=q, sort=sort, scope="step"),
+    )
+    return render(request, "pages/rollouts/search.html", context)
 
 
 def _follow(

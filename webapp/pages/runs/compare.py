@@ -82,7 +82,7 @@ def summary(runs: list[Run]) -> list[dict[str, Any]]:
     names = [n for n, _ in KEY_METRICS]
     extremes = {
         (row["run_id"], row["name"]): row
-        for row in MetricPoint.objects.filter(run__in=runs, name__in=names)
+        for row in MetricPoint.objects.filter(run__in=runs, name__in=names, superseded=False)
         .values("run_id", "name")
         .annotate(hi=Max("value"), lo=Min("value"))
         .order_by()

@@ -1,4 +1,5 @@
-"""What the run page shows besides the API's run detail: config as YAML, the log tail, page data."""
+"""What the run page shows besides the API's run detail: config as YAML, page data (the Logs
+tab's lines: ``logs.py``)."""
 
 from __future__ import annotations
 
@@ -9,21 +10,11 @@ from django.urls import reverse
 
 from webapp.live.routing import run_socket_path
 from webapp.runs.choices import RunStatus
-from webapp.runs.models import LogLine, Run
-
-LOG_TAIL = 500
 
 
 def config_yaml(config: dict[str, Any]) -> str:
     """The config as the engine's CLI prints it (``python -m engine config``): key order kept."""
     return yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
-
-
-def log_tail(run: Run, limit: int = LOG_TAIL) -> list[LogLine]:
-    """The newest ``limit`` log lines, oldest first (the page appends live ones below)."""
-    rows = list(LogLine.objects.filter(run=run).order_by("-seq")[:limit])
-    rows.reverse()
-    return rows
 
 
 def api_base(run_id: int, token: str = "") -> str:
@@ -35,6 +26,12 @@ def api_base(run_id: int, token: str = "") -> str:
 
 def _ts(value: Any) -> float | None:
     return value.timestamp() if value else None
+
+
+def points_attempt(detail: dict[str, Any]) -> int:
+    """The latest attempt of the run (the API's detail) whose points its history holds: a point of
+    a later one is a rewind (``static/tributary/series.js``, ``Attempts``); 0 when none has any."""
+    return max((a["number"] for a in detail["attempts"] if a["first_step"] is not None), default=0)
 
 
 def page_data(detail: dict[str, Any], metric_names: list[str], token: str = "") -> dict[str, Any]:
@@ -57,6 +54,7 @@ def page_data(detail: dict[str, Any], metric_names: list[str], token: str = "") 
             "finished_at": _ts(detail["finished_at"]),
             "total_steps": (detail["config"].get("trainer") or {}).get("total_steps"),
             "worker_host": detail["worker_host"],
+            "points_attempt": points_attempt(detail),
         },
         "metric_names": metric_names,
         "api": api_base(run_id, token),

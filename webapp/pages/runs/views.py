@@ -20,13 +20,16 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from webapp.alerts import listing as alerts
 from webapp.api import serializers
 from webapp.api.schemas import clean_tags
 from webapp.inputs import parse_id, parse_ids
 from webapp.live.routing import run_socket_path
+from webapp.pages.rollouts.views import rollouts_query
 from webapp.pages.runs import compare as compare_helpers
-from webapp.pages.runs.display import api_base, config_yaml, log_tail, page_data
-from webapp.runs import selectors
+from webapp.pages.runs.display import api_base, config_yaml, page_data, points_attempt
+from webapp.pages.runs.logs import log_view
+from webapp.runs import housekeeping, selectors
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import Checkpoint, InvalidTransition, Run, ShareLink
 from webapp.runs.services import CannotResume, RunConfigInvalid, request_cancel, resume_run
@@ -64,15 +67,6 @@ def _is_htmx(request: HttpRequest) -> bool:
     return request.headers.get("HX-Request") == "true"
 
 
-def _go(request: HttpRequest, url: str) -> HttpResponse:
-    """After an action: htmx follows ``HX-Redirect``; a plain form post follows a 302."""
-    if _is_htmx(request):
-        response = HttpResponse(status=204)
-        response["HX-Redirect"] = url
-        return response
-    return redirect(url)
-
-
 # --- the run page ------------------------------------------------------------------------
 
 
@@ -83,6 +77,7 @@ def _header_context(run: Run, role: Role | None, token: str = "") -> dict[str, A
     detail = serializers.run_out(run, role)
     shared = bool(token)
     checkpoints = [serializers.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
+    resumable = [c for c in reversed(checkpoints) if not c["superseded"]]
     total_steps = (detail["config"].get("trainer") or {}).get("total_steps")
     return {
         "run": detail,
@@ -95,7 +90,12 @@ def _header_context(run: Run, role: Role | None, token: str = "") -> dict[str, A
         # run.js follows live), so the status message never has to.
         "show_step": detail["status"] == RunStatus.RUNNING and bool(total_steps),
         "checkpoints": checkpoints,
+        "resumable": resumable,
+        "attempts": detail["attempts"],
         "base_path": reverse("share", kwargs={"token": token}) if shared else run.get_absolute_url(),
+        # Rename, archive, restore, delete: what the caller's role and the run's state allow.
+        "manage": {} if shared else housekeeping.actions_for(run, role),
+        "archived_at": run.archived_at,
     }
 
 
@@ -105,13 +105,21 @@ def _render_run(request: HttpRequest, run: Run, role: Role | None, token: str = 
     context.update(
         {
             "config_yaml": config_yaml(detail["config"]),
-            "logs": [] if shared else log_tail(run),
+            "logs": None if shared else log_view(run),
             "shares": [] if shared or not detail["permissions"]["share"] else _shares(run),
             "tags_value": ", ".join(detail["tags"]),
             "notes_value": detail["notes"],
             "page_data": page_data(detail, selectors.metric_name_list(run), token),
+            "has_superseded": selectors.has_superseded_points(run),
+            "alerts": alerts.for_run(run.pk),
+            # The rollout view the page URL names (?rollouts=..., kept there by rollouts.js).
+            "rollouts_query": rollouts_query(request.GET.get("rollouts", "")),
         }
     )
+    context["page_data"]["alerts"] = [
+        {k: v for k, v in a.items() if k != "created_at"} for a in context["alerts"]
+    ]
+    context["page_data"]["alert_titles"] = alerts.TITLES
     return render(request, "pages/runs/run.html", context)
 
 
@@ -193,20 +201,30 @@ def run_cancel(request: HttpRequest, run: Run) -> HttpResponse:
 
 @_member_action
 def run_resume(request: HttpRequest, run: Run) -> HttpResponse:
+    """The same run continues as its next attempt. Through htmx the answer is the fresh header,
+    swapped in place like Cancel's (the page, its charts and its socket stay: the chart goes on
+    from the checkpoint's step); a plain form post is redirected to the page with a message."""
     checkpoint = None
+    error = ""
     raw = (request.POST.get("checkpoint") or "").strip()
     if raw and raw != "latest":
         checkpoint = Checkpoint.objects.filter(pk=parse_id(raw) or -1, run=run).first()
         if checkpoint is None:
-            messages.error(request, f"Run {run.pk} has no checkpoint {raw}: choose one from the list.")
-            return _go(request, run.get_absolute_url())
-    try:
-        child = resume_run(run, request.user, checkpoint)
-    except (CannotResume, RunConfigInvalid) as exc:
-        messages.error(request, f"Cannot resume: {exc}")
-        return _go(request, run.get_absolute_url())
-    messages.success(request, f"Resuming {run.name} as a new run.")
-    return _go(request, child.get_absolute_url())
+            error = f"Run {run.pk} has no checkpoint {raw[:40]}: choose one from the list."
+    if not error:
+        try:
+            run = resume_run(run, request.user, checkpoint)
+        except (CannotResume, RunConfigInvalid) as exc:
+            error = f"Cannot resume: {exc}"
+    if _is_htmx(request):
+        return _render_header(request, run, role_in(request.user, run.project.team_id), action_error=error)
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(
+            request, f"Resumed: attempt {run.attempt_number} starts from step {run.resume_from.step}."
+        )
+    return redirect(run)
 
 
 @_member_action
@@ -305,6 +323,7 @@ def compare(request: HttpRequest) -> HttpResponse:
                     "name": d["name"],
                     "status": d["status"],
                     "is_final": d["is_final"],
+                    "points_attempt": points_attempt(d),
                     "api": api_base(d["id"]),
                     "socket": run_socket_path(d["id"]),
                 }

@@ -1,4 +1,5 @@
-"""Forms of the team page and the runs table's filters."""
+"""Forms of the team pages (members, projects, invites, a new team), the invite sign-up and the
+runs table's filters."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ from typing import Any
 
 from django import forms
 from django.contrib.auth import get_user_model
+from django.contrib.auth.forms import UserCreationForm
 from django.utils.text import slugify
 
 from webapp.runs import selectors
 from webapp.runs.choices import RunStatus
+from webapp.teams import invites, services
 from webapp.teams.choices import Role
 from webapp.teams.models import Project, Team
 
@@ -77,16 +80,78 @@ class ProjectForm(forms.Form):
 
 
 class RunFilterForm(forms.Form):
-    """The runs table's query string: ``status`` (repeatable), ``tag``, ``q``, ``sort``, ``page``."""
+    """The runs table's query string: ``status`` (repeatable), ``tag``, ``q``, ``sort``, ``page``,
+    ``archived`` (the archived runs instead of the others)."""
 
     status = forms.MultipleChoiceField(choices=RunStatus.choices, required=False, label="Status")
     tag = forms.CharField(max_length=100, required=False, label="Tag")
     q = forms.CharField(max_length=200, required=False, label="Search")
     sort = forms.ChoiceField(choices=SORT_CHOICES, required=False, label="Sort")
     page = forms.IntegerField(min_value=1, required=False)
+    archived = forms.BooleanField(required=False, label="Archived runs only")
 
     def clean_sort(self) -> str:
         return self.cleaned_data.get("sort") or DEFAULT_SORT
 
     def clean_page(self) -> int:
         return self.cleaned_data.get("page") or 1
+
+
+class TeamNameForm(forms.Form):
+    """A new team's name, or a team's new name (``webapp.teams.services.clean_name`` decides)."""
+
+    name = forms.CharField(
+        max_length=200, label="Team name", strip=False, error_messages={"required": "Give the team a name."}
+    )
+
+    def clean_name(self) -> str:
+        try:
+            return services.clean_name(self.cleaned_data["name"])
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class ProjectNameForm(forms.Form):
+    name = forms.CharField(
+        max_length=200,
+        label="Project name",
+        strip=False,
+        error_messages={"required": "Give the project a name."},
+    )
+
+    def clean_name(self) -> str:
+        try:
+            return services.clean_name(self.cleaned_data["name"], "project")
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class InviteForm(forms.Form):
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER, label="Role")
+    note = forms.CharField(
+        max_length=invites.NOTE_MAX,
+        required=False,
+        label="For",
+        help_text="Optional: who it is for (an email address, a name), to recognise it in the list.",
+    )
+    days = forms.IntegerField(
+        min_value=1,
+        max_value=invites.MAX_DAYS,
+        initial=invites.DEFAULT_DAYS,
+        label="Expires in (days)",
+        error_messages={
+            "min_value": "At least 1 day.",
+            "max_value": f"At most {invites.MAX_DAYS} days: make a new link later if needed.",
+            "invalid": "A whole number of days, e.g. 7.",
+            "required": f"How many days the link works, 1 to {invites.MAX_DAYS}.",
+        },
+    )
+
+
+class SignUpForm(UserCreationForm):
+    """Django's own sign-up form: a free username, the password twice, checked by
+    ``AUTH_PASSWORD_VALIDATORS``."""
+
+    class Meta(UserCreationForm.Meta):
+        model = get_user_model()
+        fields = ("username",)

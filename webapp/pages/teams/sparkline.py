@@ -34,7 +34,8 @@ def series_for_runs(
     ids = sorted(set(run_ids))
     if not ids:
         return {}
-    base = MetricPoint.objects.filter(run_id__in=ids, name=name)
+    # The run's history as it stands: not the points a resume from an earlier step superseded.
+    base = MetricPoint.objects.filter(run_id__in=ids, name=name, superseded=False)
     ranges = {
         run_id: (lo, hi, n)
         for run_id, lo, hi, n in base.values("run_id")

@@ -23,10 +23,13 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from webapp.alerts import listing as alert_listing
 from webapp.inputs import parse_ids
 from webapp.pages.teams import sparkline
+from webapp.pages.teams.admin_context import admin_context
 from webapp.pages.teams.forms import (
     DEFAULT_SORT,
     PAGE_SIZE,
@@ -35,12 +38,13 @@ from webapp.pages.teams.forms import (
     RoleForm,
     RunFilterForm,
 )
-from webapp.runs import selectors
+from webapp.runs import housekeeping, selectors
 from webapp.runs.choices import ACTIVE_STATUSES, RunStatus
 from webapp.runs.models import InvalidTransition, Run
 from webapp.runs.services import request_cancel
 from webapp.runs.wording import status_words
 from webapp.teams import access
+from webapp.teams import projects as team_projects
 from webapp.teams.choices import Role
 from webapp.teams.models import Membership, Project, Team
 from webapp.teams.services import remove_member, set_role
@@ -67,12 +71,15 @@ def _http_errors() -> Iterator[None]:
         raise PermissionDenied(str(exc)) from None
 
 
-def _team(request: HttpRequest, team_id: int, role: Role = Role.VIEWER) -> Team:
+def team_or_error(request: HttpRequest, team_id: int, role: Role = Role.VIEWER) -> Team:
+    """The team if the caller holds ``role`` in it: else the 404 (outsider) or 403 page; shared
+    with the team pages of ``manage``."""
     with _http_errors():
         return access.team_for(request.user, team_id, role)
 
 
-def _project(request: HttpRequest, project_id: int, role: Role = Role.VIEWER) -> Project:
+def project_or_error(request: HttpRequest, project_id: int, role: Role = Role.VIEWER) -> Project:
+    """As ``team_or_error``, for a project (by its team's role)."""
     with _http_errors():
         return access.project_for(request.user, project_id, role)
 
@@ -86,11 +93,11 @@ def _is_htmx(request: HttpRequest) -> bool:
 # --- the team page -------------------------------------------------------------------------
 
 
-def _team_context(request: HttpRequest, team: Team, **forms: Any) -> dict[str, Any]:
+def team_context(request: HttpRequest, team: Team, **forms: Any) -> dict[str, Any]:
     role = access.role_in(request.user, team.pk)
     members = list(team.memberships.select_related("user").order_by("user__username"))
     admins = sum(1 for m in members if m.role == Role.ADMIN)
-    projects = list(team.projects.all())
+    projects = list(team_projects.listed(team))
     counts = selectors.run_counts([p.pk for p in projects])
     active = {s.value for s in ACTIVE_STATUSES}
     return {
@@ -118,24 +125,27 @@ def _team_context(request: HttpRequest, team: Team, **forms: Any) -> dict[str, A
         ],
         "add_form": forms.get("add_form") or AddMemberForm(team=team),
         "project_form": forms.get("project_form") or ProjectForm(team=team),
+        "archived_count": team_projects.archived(team).count(),
+        **(admin_context(request, team, **forms) if role == Role.ADMIN else {}),
     }
 
 
+@never_cache  # an admin's page may show a new invite link, once
 @login_required
 @require_GET
 def team_page(request: HttpRequest, team_id: int) -> HttpResponse:
-    team = _team(request, team_id)
-    return render(request, "pages/teams/team.html", _team_context(request, team))
+    team = team_or_error(request, team_id)
+    return render(request, "pages/teams/team.html", team_context(request, team))
 
 
 @login_required
 @require_POST
 def member_add(request: HttpRequest, team_id: int) -> HttpResponse:
-    team = _team(request, team_id, Role.ADMIN)
+    team = team_or_error(request, team_id, Role.ADMIN)
     form = AddMemberForm(request.POST, team=team)
     if not form.is_valid():
         return render(
-            request, "pages/teams/team.html", _team_context(request, team, add_form=form), status=400
+            request, "pages/teams/team.html", team_context(request, team, add_form=form), status=400
         )
     set_role(team, form.user, form.cleaned_data["role"])
     messages.success(
@@ -175,7 +185,7 @@ def _change(team: Team, user_id: int, new_role: Role | None) -> Membership:
 @login_required
 @require_POST
 def member_role(request: HttpRequest, team_id: int, user_id: int) -> HttpResponse:
-    team = _team(request, team_id, Role.ADMIN)
+    team = team_or_error(request, team_id, Role.ADMIN)
     form = RoleForm(request.POST)
     if not form.is_valid():
         messages.error(request, f"Choose a role: {', '.join(Role.values)}.")
@@ -192,7 +202,7 @@ def member_role(request: HttpRequest, team_id: int, user_id: int) -> HttpRespons
 @login_required
 @require_POST
 def member_remove(request: HttpRequest, team_id: int, user_id: int) -> HttpResponse:
-    team = _team(request, team_id, Role.ADMIN)
+    team = team_or_error(request, team_id, Role.ADMIN)
     try:
         membership = _change(team, user_id, None)
     except LastAdmin as exc:
@@ -207,7 +217,7 @@ def member_remove(request: HttpRequest, team_id: int, user_id: int) -> HttpRespo
 @login_required
 @require_POST
 def project_create(request: HttpRequest, team_id: int) -> HttpResponse:
-    team = _team(request, team_id, Role.ADMIN)
+    team = team_or_error(request, team_id, Role.ADMIN)
     form = ProjectForm(request.POST, team=team)
     if form.is_valid():
         data = form.cleaned_data
@@ -222,7 +232,7 @@ def project_create(request: HttpRequest, team_id: int) -> HttpResponse:
             messages.success(request, f"Project {project.name} created.")
             return redirect("project", project_id=project.pk)
     return render(
-        request, "pages/teams/team.html", _team_context(request, team, project_form=form), status=400
+        request, "pages/teams/team.html", team_context(request, team, project_form=form), status=400
     )
 
 
@@ -278,16 +288,18 @@ def _query(params: dict[str, Any], **changes: Any) -> str:
     """The table's query string with ``changes`` (``None`` drops a key; page 1 is left out)."""
     merged = {**params, **changes}
     qd = QueryDict(mutable=True)
-    for key in ("status", "tag", "q", "sort", "page"):
+    for key in ("status", "tag", "q", "archived", "sort", "page"):
         value = merged.get(key)
         if (
-            value in (None, "", [])
+            value in (None, "", [], False)
             or (key == "sort" and value == DEFAULT_SORT)
             or (key == "page" and value == 1)
         ):
             continue
         if isinstance(value, list):
             qd.setlist(key, [str(v) for v in value])
+        elif value is True:
+            qd[key] = "1"
         else:
             qd[key] = str(value)
     encoded = qd.urlencode()
@@ -315,7 +327,7 @@ def _sort_links(base: str, params: dict[str, Any]) -> dict[str, dict[str, str]]:
 @login_required
 @require_GET
 def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
-    project = _project(request, project_id)
+    project = project_or_error(request, project_id)
     role = access.role_in(request.user, project.team_id)
     can_manage = role is not None and role.at_least(Role.MEMBER)
     base = project.get_absolute_url()
@@ -323,15 +335,27 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
     errors: list[str] = []
     rows: list[dict[str, Any]] = []
     page_obj = None
-    params: dict[str, Any] = {"status": [], "tag": "", "q": "", "sort": DEFAULT_SORT, "page": 1}
+    params: dict[str, Any] = {
+        "status": [],
+        "tag": "",
+        "q": "",
+        "archived": False,
+        "sort": DEFAULT_SORT,
+        "page": 1,
+    }
     http_status = 200
     if form.is_valid():
         params.update(form.cleaned_data)
         params["tag"] = params["tag"].strip()
         params["q"] = params["q"].strip()
         try:
+            runs_of_project = (
+                Run.objects.filter(project=project).select_related("created_by").defer("config", "notes")
+            )
+            # Archived runs only on request (``archived=1``), and then only they.
+            shown = housekeeping.archived if params["archived"] else housekeeping.listed
             qs = selectors.filter_runs(
-                Run.objects.filter(project=project).select_related("created_by").defer("config", "notes"),
+                shown(runs_of_project),
                 statuses=params["status"],
                 tags=[params["tag"]] if params["tag"] else [],
                 q=params["q"],
@@ -346,7 +370,8 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
                 sparks = {}
                 errors.append("The reward trends could not be loaded; the rest of the table is up to date.")
             now = timezone.now()
-            rows = [_row(r, now, sparks) for r in runs]
+            alert_counts = alert_listing.counts_for([r.pk for r in runs])
+            rows = [{**_row(r, now, sparks), "alerts": alert_counts.get(r.pk, 0)} for r in runs]
         except DatabaseError:
             log.exception("runs table of project %s failed", project.pk)
             errors.append("The runs could not be loaded: the database did not answer. Try again in a moment.")
@@ -357,13 +382,14 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
                 errors.append(f"{field}: {problem}")
         errors.append("Fix the filter above or clear it.")
         http_status = 400
-    filtered = bool(params["status"] or params["tag"] or params["q"])
+    filtered = bool(params["status"] or params["tag"] or params["q"] or params["archived"])
     here = base + _query(params, page=page_obj.number if page_obj is not None else None)
     context = {
         "project": project,
         "team": project.team,
         "role": role,
-        "can_manage": can_manage,
+        "can_manage": can_manage and project.archived_at is None,
+        "is_admin": role is not None and role.at_least(Role.ADMIN),
         "base": base,
         "rows": rows,
         "page": page_obj,
@@ -381,9 +407,7 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
         if page_obj is not None and page_obj.has_next()
         else "",
         "statuses": [(s.value, s.label, s.value in params["status"]) for s in RunStatus],
-        "status_meta": {
-            s.value: {"label": s.label, "badge": s.badge} for s in RunStatus
-        },
+        "status_meta": {s.value: {"label": s.label, "badge": s.badge} for s in RunStatus},
         "clear_url": base + _query({"sort": params["sort"]}),
     }
     template = "pages/teams/_runs_results.html" if _is_htmx(request) else "pages/teams/project.html"
@@ -407,7 +431,7 @@ def _back(project: Project, request: HttpRequest) -> str:
 @require_POST
 def runs_cancel(request: HttpRequest, project_id: int) -> HttpResponse:
     """Cancel the selected runs of the project (member); one result line per run."""
-    project = _project(request, project_id, Role.MEMBER)
+    project = project_or_error(request, project_id, Role.MEMBER)
     ids, bad = _selected_ids(request)
     results: list[dict[str, Any]] = [
         {"run_id": None, "name": part, "ok": False, "message": "is not a run id"} for part in bad[:20]
@@ -455,7 +479,7 @@ def runs_cancel(request: HttpRequest, project_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def runs_compare(request: HttpRequest, project_id: int) -> HttpResponse:
     """The Compare button without JavaScript: on to ``/compare/?runs=1,2,3``."""
-    project = _project(request, project_id)
+    project = project_or_error(request, project_id)
     ids, _bad = _selected_ids(request)
     if not ids:
         messages.error(request, "Select two or more runs to compare.")

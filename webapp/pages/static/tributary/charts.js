@@ -7,7 +7,7 @@
 
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { formatDuration, formatNumber, formatTick } from "./format.js";
-import { SeriesStore, chartData, sparse, xRange } from "./series.js";
+import { SeriesStore, chartData, sparse, supersededView, xRange } from "./series.js";
 
 export const PALETTE = ["#2160c4", "#d9480f", "#2b8a3e", "#ae3ec9", "#c92a2a", "#1098ad", "#f08c00", "#5c940d",
   "#862e9c", "#495057", "#e64980", "#364fc7"];
@@ -51,6 +51,14 @@ const DEFAULT_PANELS = [
   { id: "throughput", title: "Throughput",
     take: (n) => n.startsWith("perf/") || /(tokens?|tok)[_/ ]?(per[_ ]?s(ec)?|\/s)|throughput/i.test(n) },
   { id: "timing", title: "Time per step (s, stacked)", take: (n) => n.startsWith("timing_s/"), stacked: true },
+  // System metrics of the run's processes (engine/system_metrics.py), memory by phase.
+  { id: "system_cpu", title: "System: CPU (% of one core)", take: (n) => n === "system/cpu_percent" },
+  { id: "system_memory", title: "System: memory (GB, max by phase)",
+    take: (n) => n === "system/rss_gb" || n.startsWith("system/rss_gb/") },
+  { id: "system_gpu_memory", title: "System: GPU memory (GB, max by phase)",
+    take: (n) => n === "system/gpu_mem_gb" || n.startsWith("system/gpu_mem_gb/") || /^system\/gpu\d+\/mem_gb$/.test(n) },
+  { id: "system_gpu", title: "System: GPU utilisation (%)", take: (n) => /^system\/gpu\d+\/util_percent$/.test(n) },
+  { id: "system_gpu_power", title: "System: GPU power (W)", take: (n) => /^system\/gpu\d+\/power_w$/.test(n) },
 ];
 
 function panelFor(name) {
@@ -78,8 +86,10 @@ export class ChartGrid {
     this.stateEl = options.stateEl || null;
     this.pickerEl = options.pickerEl || null;
     this.syncKey = options.syncKey || "tributary";
-    this.opts = { smoothing: 0.6, x: "step", log: false };
+    // superseded: draw the points a resume from an earlier step superseded, faded (run page).
+    this.opts = { smoothing: 0.6, x: "step", log: false, superseded: false };
     this.store = new SeriesStore();
+    this.alerts = []; // health alerts marked on the panels of their metric: {step, metric, rule}
     this.panels = new Map(); // id -> panel state
     this.hiddenRuns = new Set();
     this.pins = readList(PIN_KEY);
@@ -135,6 +145,30 @@ export class ChartGrid {
     this.schedule();
   }
 
+  // A rewind of run `r` (a later attempt took it up at `step`): its points at `step` and after
+  // become superseded (webapp/runs/ingest.py did the same to the stored ones).
+  rewind(r, step) {
+    for (const series of this.store.series.values()) {
+      if (series.run !== r || !series.rewind(step)) continue;
+      this.panels.get(panelFor(series.name)).rebuild = true;
+    }
+    this.schedule();
+  }
+
+  // The superseded history of run `r` (/metrics/series?superseded=true), replacing what it held.
+  loadSuperseded(r, seriesList) {
+    for (const s of seriesList) {
+      if (!s.step.length) continue;
+      this.series(r, s.name).loadSuperseded(s);
+    }
+    this.redraw(true);
+  }
+
+  setSuperseded(on) { this.opts.superseded = !!on; this.redraw(true); }
+
+  // Superseded points drawn now (0 while they are hidden).
+  supersededCount() { return Number(this.root.dataset.superseded || 0); }
+
   setMessage(text) { this.message = text || ""; this.updateState(); }
 
   schedule() {
@@ -148,7 +182,7 @@ export class ChartGrid {
   flush() {
     if (this.layoutDirty) this.layout();
     const start = performance.now();
-    let drawn = 0, pending = false, total = 0;
+    let drawn = 0, pending = false, total = 0, faded = 0;
     for (const panel of this.order()) {
       const stale = !this.hidden.has(panel.id) && (panel.dirty || panel.rebuild || !panel.plot);
       if (stale && !(panel.plot && panel.visible === false)) {
@@ -156,8 +190,10 @@ export class ChartGrid {
         else { this.draw(panel); drawn += 1; }
       }
       total += panel.points;
+      faded += panel.faded || 0;
     }
     this.root.dataset.points = String(total);
+    this.root.dataset.superseded = String(faded);
     this.updateState();
     if (pending) this.schedule();
   }
@@ -312,6 +348,12 @@ export class ChartGrid {
     const keys = panel.keys;
     const log = this.opts.log;
     const series = keys.map((key) => this.store.byKey(key));
+    if (this.opts.superseded) {
+      for (const one of keys.map((key) => this.store.byKey(key))) {
+        const view = supersededView(one);
+        if (view) series.push(view);
+      }
+    }
     const names = [...new Set(series.map((one) => one.name))];
     const { x, raw, smooth, lo, hi, ys, points } = chartData(series, {
       x: xMode, compare: this.compare, log, smoothing: this.opts.smoothing, stacked: !!panel.def.stacked,
@@ -319,10 +361,12 @@ export class ChartGrid {
     });
     panel.raw = raw; panel.lo = lo; panel.hi = hi; panel.own = smooth;
     panel.points = points;
+    panel.faded = series.reduce((n, one) => n + (one.faded ? one.step.length : 0), 0);
     panel.el.dataset.points = String(points);
+    panel.el.dataset.superseded = String(panel.faded);
     panel.el.dataset.series = String(keys.length);
     const data = [x, ...ys];
-    const signature = keys.join(",") + "|" + xMode + "|" + log;
+    const signature = keys.join(",") + "|" + xMode + "|" + log + "|" + series.length;
     if (panel.plot && panel.signature === signature && !panel.rebuild) {
       panel.plot.setData(data, !panel.zoomed);
       return;
@@ -346,9 +390,10 @@ export class ChartGrid {
     list.forEach((one, i) => {
       const nameIndex = names.indexOf(one.name);
       const colour = this.colour(panel, one.run, nameIndex);
-      const label = this.compare ? `${this.runs[one.run].name} · ${one.name}` : one.name;
+      const named = this.compare ? `${this.runs[one.run].name} · ${one.name}` : one.name;
+      const label = one.faded ? `${named} (superseded)` : named;
       const opt = {
-        label, stroke: colour, width: 1.5, spanGaps: true,
+        label, stroke: one.faded ? colour + "66" : colour, width: one.faded ? 1 : 1.5, spanGaps: true,
         // A line needs two points: show the dots while the series has fewer than three.
         points: { show: (u, si) => sparse(u.data[si]), size: 7, fill: colour },
         scale: hasY2 && def.y2(one.name) ? "y2" : "y",
@@ -356,6 +401,7 @@ export class ChartGrid {
         value: (u, v, si, idx) => formatNumber(idx == null ? v : panel.own[si - 1][idx]),
       };
       if (this.compare) opt.dash = DASHES[nameIndex % DASHES.length] || undefined;
+      if (one.faded) opt.dash = [4, 4];
       if (def.stacked) {
         opt.fill = colour + "55";
         if (i > 0) bands.push({ series: [i + 1, i], fill: colour + "55" });
@@ -384,11 +430,50 @@ export class ChartGrid {
       legend: { live: true },
       hooks: {
         drawAxes: [(u) => this.drawUnder(panel, u)],
+        draw: [(u) => this.drawAlerts(panel, u)],
         setSelect: [(u) => { if (u.select.width > 0) panel.zoomed = true; }],
         // The x range on the panel element too (the axes are canvas): tests and tools read it.
         setScale: [(u, key) => { if (key === "x") panel.el.dataset.xRange = `${u.scales.x.min},${u.scales.x.max}`; }],
       },
     };
+  }
+
+  // Health alerts (alerts.js): a dashed red line at each alert's step, on the panels that show
+  // its metric (every panel for an alert without one). Marks are drawn on the step axis only.
+  markAlerts(list) {
+    for (const a of list || []) this.alerts.push({ step: a.step, metric: a.metric || "", rule: a.rule });
+    for (const panel of this.panels.values()) if (panel.plot) panel.plot.redraw(false);
+  }
+
+  alertsOn(panel) {
+    const names = new Set((panel.keys || []).map((key) => this.store.byKey(key)?.name));
+    return this.alerts.filter((a) => !a.metric || names.has(a.metric));
+  }
+
+  // Every mark as {panel, step, rule}: for the browser tests (the marks are canvas).
+  alertMarks() {
+    const out = [];
+    for (const [id, panel] of this.panels) for (const a of this.alertsOn(panel)) out.push({ panel: id, step: a.step, rule: a.rule });
+    return out;
+  }
+
+  drawAlerts(panel, u) {
+    if (this.opts.x !== "step") return;
+    const marks = this.alertsOn(panel);
+    if (!marks.length) return;
+    const ctx = u.ctx;
+    const { left, top, width, height } = u.bbox;
+    const dpr = window.devicePixelRatio || 1;
+    ctx.save();
+    ctx.strokeStyle = "#b42318";
+    ctx.lineWidth = 1.5 * dpr;
+    ctx.setLineDash([5 * dpr, 4 * dpr]);
+    for (const a of marks) {
+      const px = u.valToPos(a.step, "x", true);
+      if (!(px >= left && px <= left + width)) continue;
+      ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + height); ctx.stroke();
+    }
+    ctx.restore();
   }
 
   // The labels of a panel's y axis, also kept on the panel element (the axis is canvas).
@@ -472,9 +557,11 @@ export function bindControls(grid, doc = document) {
 }
 
 // Fetch the history of one run, downsampled to about `maxPoints` per series: every series, or
-// only `names`, or all but `exclude`.
-export async function fetchSeries(api, maxPoints = 1000, { names = null, exclude = null } = {}) {
+// only `names`, or all but `exclude`; with `superseded`, the points resumes from an earlier step
+// superseded instead.
+export async function fetchSeries(api, maxPoints = 1000, { names = null, exclude = null, superseded = false } = {}) {
   const query = new URLSearchParams({ max_points: String(maxPoints), x: "step" });
+  if (superseded) query.set("superseded", "true");
   if (names) query.set("names", names.join(","));
   if (exclude && exclude.length) query.set("exclude", exclude.join(","));
   const res = await fetch(`${api}/metrics/series?${query}`, { credentials: "same-origin" });

@@ -3,6 +3,7 @@
 // diff.
 
 import { ChartGrid, PALETTE, bindControls, fetchSeries } from "./charts.js";
+import { Attempts } from "./series.js";
 import { LiveSocket } from "./socket.js";
 
 const $ = (id) => document.getElementById(id);
@@ -37,9 +38,15 @@ async function start() {
       }
       grid.loadHistory(r, await fetchSeries(run.api, 1000));
       if (!run.is_final) {
+        // A run resumed from an earlier step (a rewind) redraws past its branch point, as on its page.
+        const attempts = new Attempts(run.points_attempt);
+        const rewind = (e) => { const at = attempts.rewindAt(e); if (at !== null) grid.rewind(r, at); };
         const client = new LiveSocket({
           path: run.socket, afterSeq, stopOnFinal: true,
-          handlers: { metrics: (e) => grid.addPoints(r, e.step, e.time, e.values || {}) },
+          handlers: {
+            metrics: (e) => { rewind(e); grid.addPoints(r, e.step, e.time, e.values || {}); },
+            samples: rewind,
+          },
         });
         client.connect();
       }

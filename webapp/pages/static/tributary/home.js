@@ -4,6 +4,9 @@
 // in one place; htmx queues the last trigger while a read is in flight, so the final swap shows
 // the runs as they were after the last change. With more projects than the page opens sockets for,
 // the server renders a poll instead (hx-trigger "every N s") and no socket is opened.
+// A run's step moves without a read: the sockets' `progress` messages (at most one a second per
+// run) are written into its row, and a status message that changes only the words (a preparing
+// run's phase) reads nothing either, as the lists show no words.
 
 import { LiveSocket } from "./socket.js";
 
@@ -24,8 +27,43 @@ export function liveSummary(states) {
   return { state: states.every((s) => s.name === "open") ? "open" : "connecting", text: "" };
 }
 
+// Whether a status message {run, status} changes the lists: a run not listed, or listed with
+// another status. Pure (tests/js/home.test.mjs).
+export function changesLists(listedStatus, msg) {
+  return listedStatus === undefined || listedStatus !== msg.status;
+}
+
+// The step to show after a read of the lists: the one a progress message said if it came after
+// the read was sent (the read may be older), else the server's. A step can go down (a resume from
+// an earlier checkpoint), so the latest word wins, not the highest. Pure (tests/js/home.test.mjs).
+export function stepAfterRead(rendered, heard, readSentAt) {
+  return heard && heard.at >= readSentAt ? heard.step : rendered;
+}
+
 function refresh() {
   if (window.htmx) window.htmx.trigger(document.body, "home-runs-changed");
+}
+
+const heardSteps = new Map(); // run id -> {step, at}: the last progress message of each run
+let readSentAt = 0; // when the last read of the lists was sent
+
+function writeStep(runId, step) {
+  const el = document.querySelector(`#active-run-${Number(runId)} [data-role="last-step"]`);
+  if (!el || typeof step !== "number" || String(step) === el.dataset.step) return;
+  el.dataset.step = String(step);
+  el.textContent = String(step);
+}
+
+function onStatus(msg) {
+  const row = document.getElementById(`active-run-${Number(msg.run)}`);
+  if (changesLists(row?.dataset.status, msg)) refresh();
+  else if (typeof msg.last_step === "number") onProgress(msg);
+}
+
+function onProgress(msg) {
+  if (typeof msg.last_step !== "number") return;
+  heardSteps.set(Number(msg.run), { step: msg.last_step, at: performance.now() });
+  writeStep(msg.run, msg.last_step);
 }
 
 const states = new Map();
@@ -45,7 +83,8 @@ function follow(projectId) {
     handlers: {
       // Changes missed while the socket was away are not replayed: read the lists again.
       open: ({ reconnected }) => { if (reconnected) refresh(); },
-      status: refresh,
+      status: onStatus,
+      progress: onProgress,
       state: (name, detail) => {
         states.set(projectId, { name, detail });
         showState();
@@ -63,4 +102,9 @@ const projects = dataEl ? JSON.parse(dataEl.textContent).projects || [] : [];
 if (projects.length && "WebSocket" in window) {
   for (const id of projects) follow(id);
   showState();
+  // A fresh copy of the lists shows what the server read: steps heard since it was sent are put back.
+  document.body.addEventListener("htmx:beforeRequest", () => { readSentAt = performance.now(); });
+  document.body.addEventListener("htmx:afterSettle", () => {
+    for (const [runId, heard] of heardSteps) writeStep(runId, stepAfterRead(null, heard, readSentAt));
+  });
 }

@@ -1,14 +1,16 @@
 // The run page (and the share page): tabs, the live header, charts fed by history then the
 // socket, live logs and checkpoints, copy-a-share-link.
 
+import { setupAlerts } from "./alerts.js";
 import { ChartGrid, bindControls, fetchSeries } from "./charts.js";
+import { Attempts } from "./series.js";
 import { contracts } from "./contracts.js";
-import { MISSING, formatBytes, formatClock, formatDuration } from "./format.js";
+import { MISSING, formatBytes, formatDuration } from "./format.js";
+import { setupLogs } from "./logs.js";
 import { LiveSocket } from "./socket.js";
 import { timeElement } from "./times.js";
 
 const $ = (id) => document.getElementById(id);
-const LEVELS = ["debug", "info", "warning", "error"];
 
 // --- tabs (WAI-ARIA tabs: arrows move, Home/End jump; the URL hash remembers the tab) -------
 function setupTabs() {
@@ -53,7 +55,7 @@ function header(data, grid) {
   let liveState = "", liveText = "";
   // One read at a time; changes heard meanwhile make one more read after it, so the last swap
   // always shows the run as it was after the last change.
-  let reading = false, again = false;
+  let reading = false, again = false, afterAction = false;
   const writeStep = () => {
     const stepEl = $("run-step");
     if (stepEl) { stepEl.textContent = String(run.last_step); stepEl.dataset.step = String(run.last_step); }
@@ -83,6 +85,10 @@ function header(data, grid) {
     // Read the header as the run is now and swap it in.
     async refresh() {
       if (reading) { again = true; return; }
+      // An action of the header (Cancel, Resume) is on its way: its answer is the fresh header, to
+      // be swapped where the form is; replacing the form first would leave that answer nowhere to
+      // go. Read again once it has landed.
+      if (document.querySelector("#run-header .htmx-request")) { afterAction = true; return; }
       reading = true;
       try {
         do {
@@ -104,6 +110,11 @@ function header(data, grid) {
         run.last_step = step;
         writeStep();
       }
+    },
+    // A rewind: the run's history now ends before `step` (the new attempt goes on from there).
+    rewound(step) {
+      run.last_step = Math.min(run.last_step, step - 1);
+      writeStep();
     },
     live(state, text) {
       liveState = state;
@@ -137,37 +148,15 @@ function header(data, grid) {
       }
     },
   };
-  document.body.addEventListener("htmx:afterSettle", () => show.swapped());
+  document.body.addEventListener("htmx:afterSettle", () => {
+    show.swapped();
+    if (afterAction) { afterAction = false; show.refresh(); }
+  });
   setInterval(() => show.tick(), 1000);
   return show;
 }
 
-// --- logs and checkpoints ---------------------------------------------------------------
-function setupLogs() {
-  const list = $("logs"), level = $("log-level"), follow = $("log-follow");
-  if (!list) return () => {};
-  level.addEventListener("change", () => { list.dataset.level = level.value; });
-  let maxSeq = 0;
-  for (const li of list.children) maxSeq = Math.max(maxSeq, Number(li.dataset.seq));
-  return (event) => {
-    if (event.seq <= maxSeq) return;
-    maxSeq = event.seq;
-    const li = document.createElement("li");
-    const lvl = LEVELS.includes(event.level) ? event.level : "info";
-    li.dataset.seq = String(event.seq);
-    li.dataset.level = lvl;
-    li.className = "log-" + lvl;
-    const when = timeElement(new Date(), formatClock);
-    const l = document.createElement("span"); l.className = "lvl"; l.textContent = lvl;
-    const m = document.createElement("span"); m.className = "msg"; m.textContent = event.message;
-    li.append(when, " ", l, " ", m);
-    list.appendChild(li);
-    while (list.children.length > 2000) list.firstElementChild.remove();
-    $("logs-empty").hidden = true;
-    if (follow && follow.checked && !list.closest("[hidden]")) li.scrollIntoView({ block: "nearest" });
-  };
-}
-
+// --- checkpoints (the Logs tab is logs.js) ---------------------------------------------
 function setupCheckpoints() {
   const table = $("checkpoints");
   if (!table) return () => {};
@@ -187,6 +176,27 @@ function setupCheckpoints() {
     const count = $("checkpoint-count");
     if (count) count.textContent = String(body.rows.length);
   };
+}
+
+// --- superseded points (a resume from an earlier step) ----------------------------------------
+// Hidden by default; the toggle draws them faded, reading them from the API the first time (a
+// rewind heard live moves the page's own points there too).
+function setupSuperseded(data, grid) {
+  const box = $("show-superseded"), wrap = $("superseded-toggle");
+  if (!box) return () => {};
+  let loaded = false;
+  box.addEventListener("change", async () => {
+    if (box.checked && !loaded) {
+      try {
+        grid.loadSuperseded(0, await fetchSeries(data.api, 1000, { superseded: true }));
+        loaded = true;
+      } catch (err) {
+        grid.setMessage("Could not load the superseded points: " + err.message);
+      }
+    }
+    grid.setSuperseded(box.checked);
+  });
+  return () => { if (wrap) wrap.hidden = false; };
 }
 
 // --- copy a share link -------------------------------------------------------------------
@@ -213,8 +223,21 @@ async function start() {
   window.tributaryCharts = grid; // for the browser tests: grid.pointCount(), grid.panels
   bindControls(grid);
   const show = header(data, grid);
-  const appendLog = setupLogs();
+  const logs = setupLogs();
+  grid.markAlerts(data.alerts || []); // the alerts stored before the page loaded (listed by the server)
+  const alerts = setupAlerts({ titles: data.alert_titles || {}, mark: (fresh) => grid.markAlerts(fresh) });
   const addCheckpoint = setupCheckpoints();
+  const offerSuperseded = setupSuperseded(data, grid);
+  // A resume from an earlier step, heard live: the first point of a later attempt supersedes
+  // the points at its step and after (as the web app does to the stored ones).
+  const attempts = new Attempts(data.run.points_attempt);
+  const applyRewind = (e) => {
+    const at = attempts.rewindAt(e);
+    if (at === null) return;
+    grid.rewind(0, at);
+    show.rewound(at);
+    offerSuperseded();
+  };
   show.tick();
 
   // History first (downsampled), from the cursor the run had when we asked; then the socket
@@ -231,12 +254,15 @@ async function start() {
       }
     }
     // The first panel's series alone, drawn at once; then everything else.
+    // (When the first panel holds every metric, its read is the only one.)
     const first = grid.firstPanelNames(data.metric_names);
-    if (first.length && first.length < data.metric_names.length) {
+    if (first.length) {
       grid.loadHistory(0, await fetchSeries(data.api, 1000, { names: first }));
       grid.schedule();
     }
-    grid.loadHistory(0, await fetchSeries(data.api, 1000, { exclude: first }));
+    if (first.length < data.metric_names.length) {
+      grid.loadHistory(0, await fetchSeries(data.api, 1000, { exclude: first }));
+    }
     grid.setMessage("");
   } catch (err) {
     grid.setMessage("Could not load the metrics history: " + err.message);
@@ -244,42 +270,56 @@ async function start() {
   grid.loaded = true;
   grid.schedule();
   document.body.dataset.historyLoaded = "true";
-  if (data.run.is_final) return; // a finished run: the same charts, no socket
 
   let hellos = 0;
   const client = new LiveSocket({
     path: data.socket,
     afterSeq,
     share: data.share,
-    stopOnFinal: true,
+    // A finished run may be resumed (the same run continues): the page keeps listening.
+    stopOnFinal: false,
     handlers: {
       // Every connection starts with the run as it is now: after a reconnect, or when it differs
       // from what the page shows, the header is read again (a change may have gone unheard).
       hello: (m) => {
+        logs.catchUp(); // output lines stored before this connection (its replay has the events)
         const differs = show.status(m.status, m.message);
         if (differs || hellos > 0) show.refresh();
+        // Alerts fired while the socket was down: read them (each is added once, by id).
+        if (hellos > 0 && !data.share) {
+          fetch(`/api/runs/${data.run.id}/alerts`, { credentials: "same-origin" })
+            .then((res) => (res.ok ? res.json() : [])).then((list) => alerts.add(list)).catch(() => {});
+        }
         hellos += 1;
         show.step(m.last_step);
         if (m.started_at) data.run.started_at = m.started_at;
         if (m.finished_at) data.run.finished_at = m.finished_at;
         if (m.worker_host) $("run-worker").textContent = m.worker_host;
       },
-      metrics: (e) => { grid.addPoints(0, e.step, e.time, e.values || {}); show.step(e.step); },
+      metrics: (e) => { applyRewind(e); grid.addPoints(0, e.step, e.time, e.values || {}); show.step(e.step); },
+      samples: applyRewind,
       status: (m) => {
         // A status message {status, message, ...}: the run changed (a cancel request included).
         // The engine's status event {state, message} comes after its status message: the badge only.
         if (m.status) {
           show.status(m.status, m.message);
           show.refresh();
+          // The socket stops at a final status; the worker sends the output's tail after it.
+          if (contracts().isTerminal(m.status)) for (const ms of [0, 1000, 3000, 10000, 30000, 60000]) setTimeout(() => logs.catchUp(), ms);
         } else {
           show.status(m.state);
         }
         if (typeof m.last_step === "number") show.step(m.last_step);
         if (m.worker_host) $("run-worker").textContent = m.worker_host;
-        if (m.started_at) data.run.started_at = m.started_at;
-        if (m.finished_at) data.run.finished_at = m.finished_at;
+        // A status message has the run's times as they are now: a resume clears them (not started yet).
+        if (m.status && "started_at" in m) {
+          data.run.started_at = m.started_at;
+          data.run.finished_at = m.finished_at;
+        }
       },
-      log: appendLog,
+      log: logs.event,
+      output: logs.output,
+      alert: (m) => alerts.add(m.alerts),
       checkpoint: addCheckpoint,
       error: (m) => grid.setMessage(m.message || "The live connection was refused."),
       state: (name, detail) => {

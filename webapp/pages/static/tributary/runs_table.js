@@ -119,6 +119,22 @@ function applyStatus(msg) {
   tickDurations();
 }
 
+// A run's step moved (at most once a second per run: webapp.live.announce.step_moved).
+function applyProgress(msg) {
+  const step = document.querySelector(`#runs-body tr[data-run-id="${msg.run}"] [data-role="last-step"]`);
+  if (step && typeof msg.last_step === "number") step.textContent = String(msg.last_step);
+}
+
+// Health alerts fired on a run of the table (webapp/alerts): its row's count goes up.
+function applyAlerts(msg) {
+  const badge = document.querySelector(`#runs-body tr[data-run-id="${msg.run}"] [data-role="alert-count"]`);
+  if (!badge) return;
+  const n = Number(badge.dataset.count || 0) + (msg.alerts || []).length;
+  badge.dataset.count = String(n);
+  badge.textContent = `${n} alert${n === 1 ? "" : "s"}`;
+  badge.hidden = n === 0;
+}
+
 function showNewRuns() {
   if (document.getElementById("live-new-runs")) return;
   const box = results();
@@ -156,6 +172,8 @@ function follow(path) {
         if (reconnected && window.htmx) window.htmx.trigger(document.body, "runs-changed");
       },
       status: applyStatus,
+      progress: applyProgress,
+      alert: applyAlerts,
       error: (msg) => setLiveState(`Live updates unavailable: ${msg.message}`),
       state: (name, detail) => {
         if (name === "open") {

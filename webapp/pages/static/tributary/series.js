@@ -11,6 +11,9 @@ export class Series {
   constructor(run, name, maxKeep = MAX_KEEP) {
     this.run = run; this.name = name; this.maxKeep = maxKeep;
     this.step = []; this.time = []; this.value = []; this.lo = null; this.hi = null;
+    // Points a later attempt of the run superseded (a resume from an earlier step), in step
+    // order: {step, time, value}, or null. Kept to be drawn faded on request, never counted.
+    this.superseded = null;
   }
 
   // The history (one entry of /metrics/series), replacing what the series held.
@@ -33,6 +36,36 @@ export class Series {
     if (this.lo) { this.lo.push(value); this.hi.push(value); }
     if (this.step.length > this.maxKeep) this.compact();
     return true;
+  }
+
+  // A rewind: the points at `step` and after leave the series for its superseded points.
+  // Returns whether any did.
+  rewind(step) {
+    let i = this.step.length;
+    while (i > 0 && this.step[i - 1] >= step) i--;
+    if (i === this.step.length) return false;
+    const moved = { step: this.step.splice(i), time: this.time.splice(i), value: this.value.splice(i) };
+    if (this.lo) { this.lo.splice(i); this.hi.splice(i); }
+    this.addSuperseded(moved);
+    return true;
+  }
+
+  // Superseded points ({step, time, value}) added to those held, in step order (several attempts
+  // may have superseded a point at the same step).
+  addSuperseded(s) {
+    const rows = [];
+    const take = (from) => { if (from) for (let i = 0; i < from.step.length; i++) rows.push([from.step[i], from.time[i], from.value[i]]); };
+    take(this.superseded);
+    take(s);
+    rows.sort((a, b) => a[0] - b[0]);
+    this.superseded = { step: rows.map((r) => r[0]), time: rows.map((r) => r[1]), value: rows.map((r) => r[2]) };
+  }
+
+  // The superseded history (one entry of /metrics/series?superseded=true), replacing what the
+  // series held: it has every point a rewind moved here live too.
+  loadSuperseded(s) {
+    this.superseded = null;
+    this.addSuperseded(s);
   }
 
   // Merge the older half in pairs (mean value, min/max band) so a long live session stays light.
@@ -89,6 +122,30 @@ export class SeriesStore {
     const dt = best.time[n - 1] - best.time[k], ds = best.step[n - 1] - best.step[k];
     return dt > 0 && ds > 0 ? ds / dt : null;
   }
+}
+
+// Which points a resume from an earlier step supersedes, as the web app decides it
+// (webapp/runs/ingest.py, _supersede): the first metrics or samples event of a later attempt of
+// the run, at step s, supersedes what the earlier attempts logged at s and after. `seen` is the
+// latest attempt whose points the page already holds (0: none).
+export class Attempts {
+  constructor(seen = 0) { this.seen = seen; }
+
+  // The step from which the points held are superseded by `event` ({attempt, step}), or null.
+  rewindAt(event) {
+    const k = event.attempt;
+    if (typeof k !== "number" || typeof event.step !== "number" || k <= this.seen) return null;
+    const first = this.seen === 0 && k === 1;
+    this.seen = k;
+    return first ? null : event.step;
+  }
+}
+
+// A series' superseded points as a series of their own to draw faded beside it (null: none).
+export function supersededView(series) {
+  const s = series.superseded;
+  if (!s || !s.step.length) return null;
+  return { run: series.run, name: series.name, faded: true, step: s.step, time: s.time, value: s.value, lo: null, hi: null };
 }
 
 // Smoothed copy of `values` (nulls stay null): TensorBoard's debiased exponential moving average.
@@ -148,7 +205,8 @@ export function stack(columns, length) {
 //   smooth  raw smoothed by `smoothing` (raw itself on a stacked chart);
 //   lo, hi  the min/max band of each series on x, or null when it has none;
 //   ys      what the lines show: smooth, or its running sums on a stacked chart;
-//   points  the points of the series whose run is not in `hiddenRuns`.
+//   points  the points of the series whose run is not in `hiddenRuns` (not of a `faded` one: the
+//           superseded points supersededView draws).
 export function chartData(series, { x: xMode = "step", compare = false, log = false, smoothing = 0, stacked = false, hiddenRuns = new Set() } = {}) {
   const parts = series.map((s) => {
     let x = xMode === "time" ? s.time : s.step;
@@ -167,7 +225,7 @@ export function chartData(series, { x: xMode = "step", compare = false, log = fa
     smooth.push(stacked ? r : ema(r, smoothing));
     lo.push(c.length > 1 ? clean(c[1]) : null);
     hi.push(c.length > 1 ? clean(c[2]) : null);
-    if (!hiddenRuns.has(series[i].run)) for (const v of c[0]) if (v != null) points++;
+    if (!hiddenRuns.has(series[i].run) && !series[i].faded) for (const v of c[0]) if (v != null) points++;
   });
   return { x, raw, smooth, lo, hi, ys: stacked ? stack(smooth, x.length) : smooth, points };
 }

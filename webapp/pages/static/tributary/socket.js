@@ -7,7 +7,7 @@
 // - A run socket carries a cursor (`afterSeq`, then the last `last_seq` received): the server
 //   replays everything after it on reconnect, and an event at or below it is dropped, so the
 //   page sees no gap and no duplicate. A run socket stops after the run's final status.
-// - Handlers by message type (hello, status, error; batch after each events message) and by event
+// - Handlers by message type (hello, status, progress, output, alert, error; batch after each events message) and by event
 //   type (metrics, log, checkpoint, status, ...); `open({reconnected})` after each connection,
 //   `state(name, detail)` for a status line: connecting, reconnecting, open, waiting (detail:
 //   seconds until the next try) and closed (detail: "refused", "finished" or "stopped").
@@ -143,6 +143,15 @@ export class LiveSocket {
         break;
       case "hello":
         if (h.hello) h.hello(msg);
+        break;
+      case "output": // lines of the engine's output (the Logs tab, logs.js)
+        if (h.output) h.output(msg);
+        break;
+      case "progress": // a run's step moved (project sockets, at most once a second per run)
+        if (h.progress) h.progress(msg);
+        break;
+      case "alert": // health alerts fired on a run (webapp/alerts: alerts.js, the runs table)
+        if (h.alert) h.alert(msg);
         break;
       default:
         break;

@@ -1,0 +1,128 @@
+"""Per-prompt pass statistics: what the engine has measured of each prompt it sampled.
+
+Every scored group adds its prompt's attempts (completions) and successes, and records the step.
+The pass rate p of a prompt is estimated by the Beta posterior under the uniform prior
+Beta(1, 1) (Laplace's rule of succession): after s successes in n attempts,
+
+    p | data ~ Beta(a, b),  a = 1 + s,  b = 1 + n - s
+    mean = a / (a + b),     std = sqrt(a b / ((a + b)^2 (a + b + 1)))
+
+so a prompt never sampled has mean 1/2 and std 1/sqrt(12), and neither estimate is ever exactly
+0 or 1 (which keeps the selection weights finite, ``engine/data/selection.py``). Successes may be
+fractional (a reward in [0, 1] where the task has no right/wrong component); the posterior is the
+same formula with pseudo-counts.
+
+The table keeps the prompts in the order they were last measured (most recent last): the
+difficulty predictor takes its reference set from the end. ``state_dict``/``load_state_dict``
+round-trip it exactly (integers, and floats that JSON writes with ``repr``), order included, so
+a resumed run estimates, and therefore selects, exactly as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
+
+PRIOR_A = 1.0
+"""Beta prior pseudo-successes (uniform prior Beta(1, 1))."""
+PRIOR_B = 1.0
+"""Beta prior pseudo-failures."""
+
+
+class PromptRecord(NamedTuple):
+    """What is known of one prompt: completions scored, their summed success, the last step seen.
+
+    Immutable, and a tuple: a copy of the table shares its records, and JSON writes each as
+    ``[attempts, successes, last_step]``."""
+
+    attempts: int
+    successes: float
+    last_step: int
+
+    @property
+    def alpha(self) -> float:
+        return PRIOR_A + self.successes
+
+    @property
+    def beta(self) -> float:
+        return PRIOR_B + self.attempts - self.successes
+
+    @property
+    def mean(self) -> float:
+        """Posterior mean of the pass rate."""
+        return beta_mean(self.alpha, self.beta)
+
+    @property
+    def std(self) -> float:
+        """Posterior standard deviation of the pass rate."""
+        return beta_std(self.alpha, self.beta)
+
+
+def beta_mean(a: float, b: float) -> float:
+    return a / (a + b)
+
+
+def beta_std(a: float, b: float) -> float:
+    return math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1.0)))
+
+
+def success_values(values: Iterable[float]) -> list[float]:
+    """Scores as successes in [0, 1] (a right/wrong component is 0 or 1 already; other rewards are clipped)."""
+    return [min(1.0, max(0.0, float(v))) for v in values]
+
+
+class PromptStats:
+    """The table of :class:`PromptRecord` by prompt uid, most recently measured last."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, PromptRecord] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._records
+
+    def get(self, uid: str) -> PromptRecord | None:
+        return self._records.get(uid)
+
+    def record(self, uid: str, values: Sequence[float], step: int) -> PromptRecord:
+        """Add one scored group of ``uid`` (success values in [0, 1]) seen at ``step``; moves it to the end."""
+        old = self._records.pop(uid, None)
+        new = PromptRecord(
+            attempts=(old.attempts if old else 0) + len(values),
+            successes=(old.successes if old else 0.0) + float(sum(values)),
+            last_step=max(step, old.last_step if old else step),
+        )
+        self._records[uid] = new
+        return new
+
+    def recent(self, limit: int) -> list[tuple[str, PromptRecord]]:
+        """The ``limit`` most recently measured prompts, oldest first."""
+        newest = list(itertools.islice(reversed(self._records.items()), limit))
+        return newest[::-1]
+
+    def items(self) -> list[tuple[str, PromptRecord]]:
+        return list(self._records.items())
+
+    def state_dict(self) -> dict[str, PromptRecord]:
+        """``{uid: (attempts, successes, last_step)}`` in measurement order (JSON keeps it): a copy that
+        shares the immutable records, cheap enough to take before every batch (the asynchronous loop does)."""
+        return dict(self._records)
+
+    def load_state_dict(
+        self, state: Mapping[str, Sequence[float]], known: Iterable[str] | None = None
+    ) -> None:
+        """Take back ``state_dict()``; with ``known``, a uid outside it (other data) is an error."""
+        allowed = None if known is None else set(known)
+        records: dict[str, PromptRecord] = {}
+        for uid, (attempts, successes, last_step) in state.items():
+            if allowed is not None and uid not in allowed:
+                raise ValueError(
+                    f"the checkpoint's prompt statistics name prompt {uid!r}, which is not among this run's "
+                    "training prompts; resume with the same data config"
+                )
+            records[uid] = PromptRecord(int(attempts), float(successes), int(last_step))
+        self._records = records

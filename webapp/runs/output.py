@@ -1,0 +1,162 @@
+"""The engine's output (its ``engine.log``: stderr and stdout of every rank, native libraries, the
+vLLM engine, progress bars), received in byte chunks over the ingest socket (``store_output``).
+
+Two copies, for two uses:
+
+- the whole file, byte for byte, in ``<data dir>/run-logs/<run id>.log`` (``full_log_path``): the
+  run page offers it for download. Its committed length is ``Run.output_file_bytes``; bytes past it
+  (written by a transaction that then failed) are cut before the next chunk is appended.
+- its lines, as ``OutputLine`` rows for the Logs tab (level guessed from the text, searchable,
+  live): only the newest ``OUTPUT_LINES_KEPT`` of a run are kept (``Run.output_lines_dropped``
+  counts the rest, which the page says, pointing at the download).
+
+Idempotent like the events, with a byte cursor of its own: ``Run.output_bytes``, a byte offset in
+the worker's output file ``Run.output_stream`` (host, device, inode). A chunk that starts before
+the cursor has its known part skipped (a resend after a lost ack), one that starts after it is
+refused with the cursor (resend from there), so a worker that reconnects, or a web app that
+restarts, neither doubles nor loses a line. A worker names the file it ships: the same one (a run
+resumed on the machine of its lost worker appends to it) goes on from the cursor, so what the lost
+engine wrote after its worker died arrives too; another one (a new machine) starts a new stream
+where its engine's output begins, appended to the full log after a marker line.
+
+Whatever the bytes hold, nothing here fails on them: ``engine.output_lines`` turns them into
+lines a page can show (invalid UTF-8, control characters, terminal escapes, huge lines; the
+engine's mirrored log records, on the page already as events, left out).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from engine.contracts import CLOSE_BAD_TOKEN
+from engine.events import clean_text
+from engine.output_lines import split_lines
+from jobs.protocol import OUTPUT_CHUNK_BYTES, OUTPUT_STREAM_MAX_CHARS
+from webapp.live import announce
+from webapp.runs.models import OutputLine, Run
+from webapp.runs.tokens import TokenRejected
+
+OUTPUT_LINES_KEPT = 5000
+LIVE_LINES = 1000  # lines of one chunk sent to the pages live
+FULL_LOG_DIR = "run-logs"
+
+
+class OutputRefused(ValueError):
+    """An ``output`` message that breaks the protocol (the field and the fix are in the message)."""
+
+
+def full_log_path(run_id: int) -> Path:
+    """Where the web app keeps a run's full output log (in its data directory)."""
+    return Path(settings.DATA_DIR) / FULL_LOG_DIR / f"{int(run_id)}.log"
+
+
+def decode_chunk(stream: object, offset: object, data: object) -> tuple[str, int, bytes]:
+    """The ``stream``, ``offset`` and ``data`` fields of an ``output`` message, checked."""
+    if not isinstance(stream, str) or not 0 < len(stream) <= OUTPUT_STREAM_MAX_CHARS or "\x00" in stream:
+        raise OutputRefused(
+            f"output: 'stream' must name the output file in 1 to {OUTPUT_STREAM_MAX_CHARS} characters "
+            "(host:device:inode)"
+        )
+    if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < 2**62:
+        raise OutputRefused(
+            f"output: 'offset' must be an integer byte position >= 0, got {clean_text(repr(offset))[:40]}"
+        )
+    if not isinstance(data, str):
+        raise OutputRefused("output: 'data' must be a base64 string of the output's bytes")
+    try:
+        raw = base64.b64decode(data.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error, ValueError):
+        raise OutputRefused("output: 'data' is not valid base64") from None
+    if len(raw) > OUTPUT_CHUNK_BYTES:
+        raise OutputRefused(f"output: 'data' holds {len(raw)} bytes; the limit is {OUTPUT_CHUNK_BYTES}")
+    return clean_text(stream), offset, raw
+
+
+def line_out(line: OutputLine) -> dict[str, Any]:
+    """An output line as JSON for the page (live and caught up alike)."""
+    return {"offset": line.offset, "level": line.level, "message": line.message, "time": _ts(line.time)}
+
+
+def _ts(value: datetime) -> float:
+    return value.timestamp()
+
+
+def store_output(run_id: int, attempt: int, stream: str, offset: int, data: bytes) -> int:
+    """Store bytes of the output file ``stream`` from its byte ``offset`` on, shipped by the worker
+    of ``attempt``; see the module docstring. Returns the cursor after it (what the socket acks).
+    Raises ``TokenRejected`` for an attempt the run has moved past."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if attempt != run.attempt:
+            raise TokenRejected(
+                CLOSE_BAD_TOKEN,
+                f"the output is of attempt {attempt} of run {run_id}; the run is at attempt {run.attempt}",
+            )
+        new_stream = stream != run.output_stream
+        held = offset if new_stream else run.output_bytes
+        if offset > held:
+            return held  # a gap: the worker resends from the cursor
+        data = data[held - offset :]
+        if not data:
+            return held
+        prefix = b""
+        if new_stream and run.output_file_bytes:
+            prefix = f"\n----- attempt {attempt}: the output of another engine.log -----\n".encode()
+        path = full_log_path(run_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        start = run.output_file_bytes + len(prefix)
+        with path.open("ab") as fh:
+            fh.truncate(run.output_file_bytes)  # what a failed transaction wrote after the committed end
+            fh.write(prefix + data)
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before the cursor that counts it commits
+        now = timezone.now()
+        found = split_lines(prefix + data, run.output_file_bytes)
+        # Lines the bound would delete at once are not written at all (a burst of a chatty process).
+        rows = [
+            OutputLine(run=run, offset=at, level=level, message=text, time=now)
+            for at, level, text in found[-OUTPUT_LINES_KEPT:]
+        ]
+        OutputLine.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
+        dropped = len(found) - len(rows) + _keep_newest(run)
+        Run.objects.filter(pk=run.pk).update(
+            output_stream=stream,
+            output_bytes=held + len(data),
+            output_file_bytes=start + len(data),
+            output_lines_dropped=run.output_lines_dropped + dropped,
+        )
+        live = [line_out(r) for r in rows[-LIVE_LINES:]]
+        if live:
+            # A burst (a chunk is up to 1 MiB) goes out as its newest lines, saying how many it left out.
+            announce.output_stored(run_id, live, skipped=len(found) - len(live))
+    return held + len(data)
+
+
+def _keep_newest(run: Run) -> int:
+    """Delete the run's output lines older than the newest ``OUTPUT_LINES_KEPT``; how many went."""
+    cutoff = (
+        OutputLine.objects.filter(run=run)
+        .order_by("-offset")
+        .values_list("offset", flat=True)[OUTPUT_LINES_KEPT : OUTPUT_LINES_KEPT + 1]
+    )
+    edge = list(cutoff)
+    if not edge:
+        return 0
+    deleted, _ = OutputLine.objects.filter(run=run, offset__lte=edge[0]).delete()
+    return deleted
+
+
+def output_lines(run: Run, *, after: int = -1, limit: int = 500) -> list[OutputLine]:
+    """The run's output lines after byte ``after``: the newest ``limit`` of them, oldest first."""
+    rows = list(OutputLine.objects.filter(run=run, offset__gt=after).order_by("-offset")[:limit])
+    rows.reverse()
+    return rows
