@@ -27,7 +27,12 @@ Web app -> worker
                 holds (``""``: none) and up to which byte (a web app without them takes no ``output``).
 
 Worker -> web app
-    ``attach``  ``{"type": "attach", "host": "gpu-7", "pid": 123}`` once, after ``hello``.
+    ``attach``  ``{"type": "attach", "host": "gpu-7", "pid": 123, "engine_from": 812}`` after each
+                ``hello``. ``engine_from`` (``ATTACH_ENGINE_FROM``; a supervisor's): the last seq in
+                the run's event log before its engine starts. An attempt resumed in the directory of
+                a lost one finds there the seqs that engine wrote and nobody shipped; they come first,
+                and the web app stores them as that earlier attempt's, its final status included
+                as words only, so the tail of a dead engine cannot end the new attempt.
     ``events``  ``{"type": "events", "events": [...]}``: consecutive engine events in seq order,
                 starting right after the last ack; at most ``MAX_BATCH_EVENTS`` events and
                 ``MAX_MESSAGE_BYTES`` bytes per message.
@@ -78,5 +83,6 @@ INGEST_PATH = "/ws/ingest/{run_id}/"
 # A web app that grants no claims (no ``claims`` in ``hello``) gets the plain ``attach`` of before.
 HELLO_CLAIMS = "claims"
 ATTACH_CLAIM = "claim"
+ATTACH_ENGINE_FROM = "engine_from"
 MSG_CLAIM = "claim"
 CLAIM_MAX_CHARS = 64

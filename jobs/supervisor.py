@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -55,11 +56,11 @@ from engine.contracts import (
     EXIT_SUCCEEDED,
     FINAL_STATES,
 )
-from engine.events import EventSink
+from engine.events import EventSink, last_seq_in
 from engine.paths import DATA_DIR_ENV, data_dir
 from engine.rewards.policy import RewardPolicy
 from jobs.confine import ConfinementPlan, confine_mode, engine_environment, landlock_abi
-from jobs.protocol import HELLO_CLAIMS
+from jobs.protocol import ATTACH_ENGINE_FROM, HELLO_CLAIMS
 from jobs.shipper import EventShipper, Hello, OutputLog
 
 log = logging.getLogger(__name__)
@@ -288,6 +289,9 @@ class RunSupervisor:
         return path
 
     def _make_shipper(self) -> EventShipper:
+        # The seqs already in the run's log were written by an earlier engine (one lost with its
+        # worker, whose tail nobody shipped): the web app stores them as that attempt's.
+        attach = {"host": socket.gethostname(), "pid": os.getpid(), ATTACH_ENGINE_FROM: last_seq_in(self.events_path)}
         return EventShipper(
             self.web_url,
             self.run_id,
@@ -297,7 +301,7 @@ class RunSupervisor:
             on_cancel=self.cancel,
             on_claim=self._on_claim,
             claim=self.claim_id,
-            **self.shipper_options,
+            **{"attach": attach, **self.shipper_options},
         )
 
     def _seq_floor(self) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from jobs.supervisor import ENGINE_STARTING
 from tests.e2e.harness import (
     Deployment,
     assert_stored_matches,
@@ -91,8 +92,9 @@ def redis_server(tmp_path: Path) -> Any:
 
 
 def engine_starts(d: Deployment, run_id: int) -> int:
-    """How many engines ran this run: each writes one ``starting`` status first."""
-    return sum(1 for e in d.engine_log(run_id) if e["type"] == "status" and e["state"] == "starting")
+    """How many engines ran this run: its supervisor writes one ``ENGINE_STARTING`` status before
+    each (the engine's own preparing phases are ``starting`` statuses too, several per engine)."""
+    return sum(1 for e in d.engine_log(run_id) if e["type"] == "status" and e.get("message") == ENGINE_STARTING)
 
 
 def test_a_broker_restart_loses_no_queued_run_and_keeps_the_order(

@@ -91,6 +91,7 @@ def test_a_short_run_succeeds_and_every_event_arrives_once(
     assert any(e["type"] == "heartbeat" for e in events)
     (conn,) = fake.conns
     assert len(conn.attach) == 1 and conn.attach[0]["pid"] == os.getpid()
+    assert conn.attach[0]["engine_from"] == 0  # a fresh directory: no earlier engine's seqs
     assert fake.status == "succeeded"
     ckpt = next(e for e in events if e["type"] == "checkpoint")
     assert Path(ckpt["path"]).is_relative_to(workdir) and Path(ckpt["path"]).is_dir()
@@ -222,3 +223,25 @@ def test_output_tail_and_exit_descriptions(tmp_path: Path) -> None:
     assert output_tail(tmp_path / "missing") == ""
     assert describe_exit(-signal.SIGKILL) == "the engine was killed by SIGKILL"
     assert describe_exit(2) == "the engine exited with code 2 (bad config)"
+
+
+def test_the_seqs_an_earlier_engine_left_are_named_in_attach_and_shipped_first(
+    fake_ingest, tiny_model_dir: Path, runs_dir: Path
+) -> None:
+    """A resume in the directory of a lost attempt: that engine's unshipped tail (seqs 1-3 here)
+    goes first, and ``attach`` says where it ends, so the web app files it under that attempt."""
+    workdir = runs_dir / "21"
+    workdir.mkdir(parents=True)
+    tail = [
+        {"run": "21", "seq": 1, "type": "status", "state": "running", "message": "training on cpu"},
+        {"run": "21", "seq": 2, "type": "log", "level": "warning", "message": "received SIGTERM"},
+        {"run": "21", "seq": 3, "type": "status", "state": "cancelled", "message": "stopped at step 0"},
+    ]
+    (workdir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in tail))
+    fake = fake_ingest(21)
+    result = supervise(fake, 21, tiny_config(tiny_model_dir, total_steps=1)).run()
+    (conn,) = fake.conns
+    assert conn.attach[0]["engine_from"] == 3
+    events = fake.events()
+    assert events[:3] == tail and [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert result.started and events[3]["seq"] == 4  # the new engine numbers after the tail

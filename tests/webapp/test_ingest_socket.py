@@ -211,7 +211,7 @@ _event = st.fixed_dictionaries(
 )
 _message = (
     st.fixed_dictionaries({"type": st.just("events"), "events": st.lists(_event, max_size=4) | _json})
-    | st.fixed_dictionaries({"type": st.sampled_from(["ping", "attach", "events", "other"])}, optional={"host": _json, "claim": _json, "pid": _json})
+    | st.fixed_dictionaries({"type": st.sampled_from(["ping", "attach", "events", "other"])}, optional={"host": _json, "claim": _json, "pid": _json, "engine_from": _json})
     | _json
 )
 _fuzz = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -201,6 +201,10 @@ BAD_MESSAGES = [
     ('{"type": "ping"' + ', "x": 1' * 3 + ', "type": ["\\ud800\\u0000"]}', CLOSE_BAD_MESSAGE, "unknown message type"),
     (json.dumps({"type": "events", "events": [{}] * (MAX_BATCH_EVENTS + 1)}), CLOSE_TOO_BIG, "events in one message"),
     (json.dumps({"type": "ping", "pad": "x" * MAX_MESSAGE_BYTES}), CLOSE_TOO_BIG, "the limit is"),
+    (json.dumps({"type": "attach", "host": "h", "engine_from": -1}), CLOSE_BAD_MESSAGE, "'engine_from' must be a seq"),
+    (json.dumps({"type": "attach", "host": "h", "engine_from": "12"}), CLOSE_BAD_MESSAGE, "'engine_from' must be a seq"),
+    (json.dumps({"type": "attach", "host": "h", "engine_from": True}), CLOSE_BAD_MESSAGE, "'engine_from' must be a seq"),
+    (json.dumps({"type": "attach", "host": "h", "engine_from": 2**63}), CLOSE_BAD_MESSAGE, "'engine_from' must be a seq"),
 ]
 
 

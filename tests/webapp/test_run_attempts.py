@@ -368,3 +368,56 @@ def test_a_resume_names_only_reward_code_its_user_may_run(
         resume_run(run, member)
     assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED
     assert resume_run(run, admin).status == RunStatus.QUEUED
+
+
+def test_a_lost_engines_unshipped_tail_is_its_attempts_and_cannot_end_the_resume(
+    make_run: Callable[..., Run], valid_config: dict[str, Any], member: Any
+) -> None:
+    """Attempt 1's worker died after the web app stored seq 12; its engine went on, checkpointed
+    step 5 and wrote "cancelled" (seqs 13-15), in a directory the web app cannot read. The resume
+    lands on the same machine: its supervisor attaches with ``engine_from`` 15 and ships 13-15
+    first, then the new engine's seqs. The tail is stored as attempt 1's; its "cancelled" is words,
+    not the run's status; attempt 2 runs on, and every seq is stored once."""
+    run = make_run(config=valid_config)
+    log = attempt_of(1, range(1, 6), checkpoints=(4, 5))  # seqs 1..15: starting, running, steps 1-5, the end
+    shipped, tail = log[:12], log[12:]
+    token = start_attempt(run.pk)
+    first = check_ingest_token(token, run.pk)
+    assert claim_run(run.pk, "worker-a", claim="claim-1", attempt=first) == (True, "")
+    store_events(run.pk, shipped, attempt=first)
+    run.refresh_from_db()
+    run.mark_lost()
+    resume_run(run, member)  # the engine takes the newest checkpoint in the directory: step 5, in the tail
+
+    token = start_attempt(run.pk)
+    second = check_ingest_token(token, run.pk)
+    engine_from = tail[-1]["seq"]
+    assert claim_run(run.pk, "worker-a", claim="claim-2", attempt=second, engine_from=engine_from) == (True, "")
+    resumed = [
+        status(engine_from + 1, "starting", "restoring the checkpoint of step 5"),
+        status(engine_from + 2, "running"),
+        metrics(engine_from + 3, 6, reward=6.0),
+    ]
+    store_events(run.pk, tail + resumed, attempt=second)
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING and run.final_seq is None and run.last_seq == engine_from + 3
+    words = list(LogLine.objects.filter(run=run, seq=tail[-1]["seq"]).values_list("message", flat=True))
+    assert words == ["attempt 1's engine reported 'cancelled': cancelled at step 5 (shipped after the resume; attempt 2 goes on)"]
+    by_attempt = dict(MetricPoint.objects.filter(run=run).values_list("step", "attempt"))
+    assert by_attempt == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 2}
+    assert Checkpoint.objects.get(run=run, step=5).attempt == 1
+    attempts = {a.number: (a.first_seq, a.last_seq, a.engine_from_seq) for a in run.attempts.all()}
+    assert attempts == {1: (1, engine_from, None), 2: (engine_from + 1, engine_from + 3, engine_from)}
+    # The stored events are the engine's log: every seq once, in order.
+    replayed = [e["seq"] for chunk in stored_events(run.pk, 0, run.last_seq) for e in chunk]
+    data = [e["seq"] for e in log + resumed if e["type"] not in ("status", "heartbeat")]
+    assert [s for s in replayed if s in set(data)] == data
+
+
+def test_without_engine_from_a_tails_final_status_ends_the_attempt_as_before(
+    make_run: Callable[..., Run], valid_config: dict[str, Any]
+) -> None:
+    """A worker of before (no ``engine_from``) keeps the old behaviour: nothing is reinterpreted."""
+    run = make_run(config=valid_config)
+    ship(run, attempt_of(1, range(1, 3)))
+    assert run.status == RunStatus.CANCELLED and run.final_seq == run.last_seq

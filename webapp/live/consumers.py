@@ -40,6 +40,7 @@ from engine.contracts import (
 from engine.events import clean_text
 from jobs.protocol import (
     ATTACH_CLAIM,
+    ATTACH_ENGINE_FROM,
     CLAIM_MAX_CHARS,
     HELLO_CLAIMS,
     HELLO_OUTPUT_OFFSET,
@@ -48,6 +49,7 @@ from jobs.protocol import (
     MAX_MESSAGE_BYTES,
     MSG_CLAIM,
 )
+from webapp.inputs import BIGINT_MAX
 from webapp.live.announce import status_message
 from webapp.live.groups import ingest_group, project_group, run_group, share_group, user_group
 from webapp.live.replay import stored_events
@@ -287,7 +289,15 @@ class IngestConsumer(_JsonSocket):
                 CLOSE_BAD_MESSAGE, f"attach: 'claim' must be a string of 1 to {CLAIM_MAX_CHARS} characters"
             )
             return
-        answer = await database_sync_to_async(claim_run)(self.run_id, host, claim or "", getattr(self, "attempt", None))
+        engine_from = message.get(ATTACH_ENGINE_FROM)
+        if engine_from is not None and (
+            isinstance(engine_from, bool) or not isinstance(engine_from, int) or not 0 <= engine_from <= BIGINT_MAX
+        ):
+            await self.refuse(CLOSE_BAD_MESSAGE, f"attach: '{ATTACH_ENGINE_FROM}' must be a seq (an integer >= 0)")
+            return
+        answer = await database_sync_to_async(claim_run)(
+            self.run_id, host, claim or "", getattr(self, "attempt", None), engine_from
+        )
         if answer is not None:
             won, why = answer
             await self.send_message({"type": MSG_CLAIM, "won": won, "message": why})

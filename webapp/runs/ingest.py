@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, ENGINE_FINAL_STATES, ENGINE_STATES, EVENT_TYPES
@@ -125,14 +126,16 @@ def store_events(run_id: int, events: Iterable[Mapping[str, Any]], *, attempt: i
     with transaction.atomic():
         # The row lock serialises two connections ingesting the same run (no-op on SQLite,
         # where IMMEDIATE transactions already serialise writers).
-        locked = monitor.with_project_settings(Run.objects.select_for_update(of=("self",))).get(pk=run_id)
+        locked = _with_engine_from(
+            monitor.with_project_settings(Run.objects.select_for_update(of=("self",)))
+        ).get(pk=run_id)
         if attempt is not None and attempt != locked.attempt:
             raise TokenRejected(CLOSE_BAD_TOKEN, stale_attempt_reason(run_id, attempt, locked.attempt))
         previous = locked.last_seq
         fresh = [e for e in batch if e["seq"] > previous]
         if fresh and locked.final_seq is not None and fresh[0]["seq"] > locked.final_seq:
             raise IngestClosed(run_id, locked.final_seq, str(locked.status))
-        fresh = _through_final_status(fresh)
+        fresh = _through_final_status(_mark_tail(locked, fresh))
         public: list[dict[str, Any]] = []
         if fresh:
             _check_contiguous(previous, fresh)
@@ -163,8 +166,43 @@ def _through_final_status(fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The events up to the engine's first final status: the engine writes nothing after it,
     so what follows is not the attempt's and is not stored (the next batch is refused)."""
     for i, event in enumerate(fresh):
-        if event["type"] == "status" and event["state"] in ENGINE_FINAL_STATES:
+        if event["type"] == "status" and event["state"] in ENGINE_FINAL_STATES and TAIL not in event:
             return fresh[: i + 1]
+    return fresh
+
+
+TAIL = "tail_of"
+"""The key ``_mark_tail`` sets on an event an earlier attempt's engine wrote: that attempt's number."""
+
+
+def _with_engine_from(runs: Any) -> Any:
+    """``runs`` with their current attempt's ``engine_from_seq`` (as ``engine_from``), read with the row."""
+    current = RunAttempt.objects.filter(run_id=OuterRef("pk"), number=OuterRef("attempt_number"))
+    return runs.annotate(engine_from=Subquery(current.values("engine_from_seq")[:1]))
+
+
+def _mark_tail(run: Run, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mark the events an earlier attempt's engine wrote and nobody shipped (``TAIL``).
+
+    A resumed attempt runs in the directory of the one before; when that one's worker died, its
+    engine went on to checkpoint and write its final status, and none of it reached the web app
+    (a directory the web app can read is stored at the resume: ``services.store_dead_tail``). The
+    new supervisor's shipper sends those seqs first: they are the earlier attempt's, and the
+    supervisor said where they end (``engine_from`` in ``attach``, ``jobs/protocol.py``). They are
+    stored under that attempt's number, and their statuses, final included, as words only: a dead
+    engine's "cancelled" must not end the attempt that resumed it."""
+    until = getattr(run, "engine_from", None)
+    if not fresh or until is None or run.attempt_number <= 1 or fresh[0]["seq"] > until:
+        return fresh
+    owner = (
+        RunAttempt.objects.filter(run_id=run.pk, number__lt=run.attempt_number, started_at__isnull=False)
+        .order_by("-number")
+        .values_list("number", flat=True)
+        .first()
+    ) or run.attempt_number - 1
+    for event in fresh:
+        if event["seq"] <= until:
+            event[TAIL] = owner
     return fresh
 
 
@@ -172,9 +210,9 @@ def _public(event: dict[str, Any], attempt: int) -> dict[str, Any]:
     """A validated event as JSON for browsers (times as Unix seconds; a status event's message in
     the words the run's status message shows, ``webapp.runs.wording``). An event with a step
     says which attempt logged it, so a page applies a rewind as the database did (``_supersede``)."""
-    out = {k: v for k, v in event.items() if k not in ("quarantined", "non_finite")}
+    out = {k: v for k, v in event.items() if k not in ("quarantined", "non_finite", TAIL)}
     if out.get("type") in STEP_EVENTS:
-        out["attempt"] = attempt
+        out["attempt"] = event.get(TAIL, attempt)
     if out.get("type") == "status" and isinstance(out.get("message"), str):
         out["message"] = status_words(out["message"])
     if isinstance(out.get("time"), datetime):
@@ -427,14 +465,15 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
 
     for event in fresh:
         seq, kind = event["seq"], event["type"]
+        owner = event.get(TAIL, attempt)  # the attempt whose engine wrote it
         if kind == "metrics":
             for name, value in event["values"].items():
-                points.append((run.pk, name, event["step"], value, event["time"], seq, attempt))
+                points.append((run.pk, name, event["step"], value, event["time"], seq, owner))
                 summary[name] = value
             last_step = max(last_step, event["step"])
         elif kind == "samples":
             samples.extend(
-                Sample(run=run, step=event["step"], seq=seq, index=i, attempt=attempt, **item)
+                Sample(run=run, step=event["step"], seq=seq, index=i, attempt=owner, **item)
                 for i, item in enumerate(event["items"])
             )
         elif kind == "checkpoint":
@@ -445,11 +484,18 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
                     step=event["step"],
                     path=event["path"],
                     bytes=event["bytes"],
-                    attempt=attempt,
+                    attempt=owner,
                 )
             )
         elif kind == "log":
             logs.append(LogLine(run=run, seq=seq, level=event["level"], message=event["message"], time=now))
+        elif kind == "status" and TAIL in event:
+            said = f": {event['message']}" if event["message"] else ""
+            words = (
+                f"attempt {owner}'s engine reported {event['state']!r}{said} "
+                f"(shipped after the resume; attempt {attempt} goes on)"
+            )
+            logs.append(LogLine(run=run, seq=seq, level=LogLevel.INFO, message=words, time=now))
         elif kind == "status":
             refused = _apply_status(run, event["state"], event["message"])
             if refused:
@@ -476,9 +522,14 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     Run.objects.filter(pk=run.pk).update(**updates)
     for name, value in updates.items():
         setattr(run, name, value)
-    attempt_row = RunAttempt.objects.filter(run_id=run.pk, number=attempt)
-    attempt_row.filter(first_seq__isnull=True).update(first_seq=fresh[0]["seq"])
-    attempt_row.update(last_seq=fresh[-1]["seq"])
+    # Each attempt's seqs: an earlier engine's tail extends that attempt's range, not this one's.
+    by_attempt: dict[int, list[int]] = {}
+    for event in fresh:
+        by_attempt.setdefault(event.get(TAIL, attempt), []).append(event["seq"])
+    for number, seqs in by_attempt.items():
+        attempt_row = RunAttempt.objects.filter(run_id=run.pk, number=number)
+        attempt_row.filter(first_seq__isnull=True).update(first_seq=seqs[0])
+        attempt_row.update(last_seq=seqs[-1])
 
 
 def _supersede(run: Run, fresh: list[dict[str, Any]]) -> int:
@@ -492,7 +543,7 @@ def _supersede(run: Run, fresh: list[dict[str, Any]]) -> int:
     (``RunAttempt.first_step``); a page applies the same rule to the events it holds
     (``static/tributary/series.js``)."""
     number = run.attempt_number
-    first = next((e["step"] for e in fresh if e["type"] in ("metrics", "samples")), None)
+    first = next((e["step"] for e in fresh if e["type"] in ("metrics", "samples") and TAIL not in e), None)
     if first is None:
         return run.last_step
     claimed = RunAttempt.objects.filter(run_id=run.pk, number=number, first_step__isnull=True).update(

@@ -375,6 +375,12 @@ class RunAttempt(models.Model):
     message = models.TextField(blank=True)
     first_seq = models.BigIntegerField(null=True, blank=True)
     last_seq = models.BigIntegerField(null=True, blank=True)
+    engine_from_seq = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The last seq in the run's event log when this attempt's supervisor attached: events "
+        "at or below it that arrive now are an earlier engine's unshipped tail (webapp.runs.ingest).",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -299,7 +299,9 @@ def note_worker_seen(run_id: int) -> Run | None:
     return Run.objects.filter(pk=run_id).first()
 
 
-def claim_run(run_id: int, host: str, claim: str = "", attempt: int | None = None) -> tuple[bool, str] | None:
+def claim_run(
+    run_id: int, host: str, claim: str = "", attempt: int | None = None, engine_from: int | None = None
+) -> tuple[bool, str] | None:
     """A worker attached to the run's ingest socket: a queued run becomes starting on that host (the engine confirms).
 
     With a ``claim`` id (see ``jobs/protocol.py``) the start is exclusive and the answer is
@@ -337,6 +339,10 @@ def claim_run(run_id: int, host: str, claim: str = "", attempt: int | None = Non
             try:
                 # The waiting message goes: the worker's and the engine's phases follow (issue 15).
                 run.transition(RunStatus.STARTING, worker_host=host, claim=claim, message=placement.taken_by(host))
+                if engine_from is not None:  # the seqs an earlier engine left in the log (ingest: its tail)
+                    RunAttempt.objects.filter(run_id=run.pk, number=run.attempt_number).update(
+                        engine_from_seq=engine_from
+                    )
                 announce.status_changed(run.pk)
                 return True, ""
             except InvalidTransition:  # another supervisor won, or it was cancelled meanwhile
