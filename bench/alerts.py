@@ -6,7 +6,7 @@ into fresh runs on PostgreSQL, alternately with the rules (``webapp.alerts.monit
 ingest calls it) and without (the call replaced by a no-op: the reference), ``--rounds`` times
 each; the medians are compared. Target: the rules add under 5% (issue 18).
 
-    .venv/bin/python bench/alerts.py            # 1000 steps x 50 metrics, 5 rounds
+    .venv/bin/python bench/alerts.py            # 1000 steps x 50 metrics, 12 rounds
     .venv/bin/python bench/alerts.py --quick    # 300 steps, 3 rounds
 
 Needs the machine's PostgreSQL; creates and drops its own database ``tributary_bench_alerts``.
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--metrics", type=int, default=50)
     parser.add_argument("--batch", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=12)  # fewer: the A/B is mostly noise
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
