@@ -241,3 +241,29 @@ def test_a_resumed_run_says_its_place_in_the_queue(
     done.refresh_from_db()
     assert done.status == RunStatus.QUEUED
     assert done.status_message == "Waiting for a worker: 2nd in queue 'cpu' (1 queued run ahead); worker vm is free."
+
+
+def test_a_resumed_run_waits_behind_the_runs_queued_before_its_resume(
+    online: Callable[..., None],
+    make_run: Callable[..., Run],
+    member: Any,
+    valid_config: dict[str, Any],
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Created first, resumed last: its place is by when it was queued again, not created."""
+    from webapp.runs.choices import RunStatus
+    from webapp.runs.models import Checkpoint
+    from webapp.runs.services import resume_run
+
+    online(worker("vm", ["cpu"]))
+    done = make_run(name="done", config=valid_config, status=RunStatus.CANCELLED, last_step=4, last_seq=9, final_seq=9)
+    Checkpoint.objects.create(run=done, seq=8, step=4, path="runs/x/checkpoints/step_000004", bytes=1)
+    waiting = make_run(name="waiting", status_message="")
+    with django_capture_on_commit_callbacks(execute=True):
+        resume_run(done, member)
+    done.refresh_from_db()
+    waiting.refresh_from_db()
+    assert done.created_at < waiting.created_at and waiting.queued_at < done.queued_at
+    view = placement.QueueView.read("cpu", placement.live_workers())
+    assert [r.name for r in view.queued] == ["waiting", "done"]
+    assert done.status_message.startswith("Waiting for a worker: 2nd in queue 'cpu' (1 queued run ahead)")

@@ -46,6 +46,10 @@ class Run(models.Model):
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     status_message = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(
+        default=timezone.now,
+        help_text="When it was last queued (its launch or its latest resume): its place in the queue's order.",
+    )
     started_at = models.DateTimeField(null=True, blank=True, help_text="When the latest attempt started.")
     finished_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(
@@ -200,8 +204,9 @@ class Run(models.Model):
             updates["heartbeat_at"] = now
         elif target in FINAL_STATUSES:
             updates["finished_at"] = now
-        elif target == RunStatus.QUEUED:  # a resume: the run is no longer finished
+        elif target == RunStatus.QUEUED:  # a resume: no longer finished, and behind what waits already
             updates["finished_at"] = None
+            updates["queued_at"] = now
         changed = Run.objects.filter(pk=self.pk, status=current).update(**updates)
         if not changed:
             now_status = Run.objects.filter(pk=self.pk).values_list("status", flat=True).first()

@@ -120,7 +120,7 @@ class QueueView:
 
     @classmethod
     def read(cls, queue: str, workers: list[WorkerEntry]) -> QueueView:
-        queued = list(Run.objects.filter(status=RunStatus.QUEUED, queue=queue).order_by("created_at", "id"))
+        queued = list(Run.objects.filter(status=RunStatus.QUEUED, queue=queue).order_by("queued_at", "id"))
         serving = [w for w in workers if queue in w.capabilities.queues]
         hosts = {w.capabilities.host for w in serving}
         ids = {int(r) for w in serving for r in w.running if r.isdigit()}
@@ -139,7 +139,7 @@ class QueueView:
     def position(self, run: Run) -> int:
         """``run``'s place among the queue's queued runs (1: next), in the order claims respect
         (``reconcile.claim_order``: oldest first)."""
-        return 1 + sum(1 for r in self.queued if (r.created_at, r.pk) < (run.created_at, run.pk))
+        return 1 + sum(1 for r in self.queued if (r.queued_at, r.pk) < (run.queued_at, run.pk))
 
     def busy_with(self, worker: WorkerEntry) -> list[Run]:
         return [

@@ -214,7 +214,7 @@ def _queued(queue: str | None = None) -> list[Run]:
     runs = Run.objects.filter(status=RunStatus.QUEUED, cancel_requested_at__isnull=True)
     if queue is not None:
         runs = runs.filter(queue=queue)
-    return list(runs.select_related("resume_from").order_by("created_at", "id")[:MAX_QUEUED])
+    return list(runs.select_related("resume_from").order_by("queued_at", "id")[:MAX_QUEUED])
 
 
 def _note_incarnation(view: BrokerView) -> None:
@@ -245,7 +245,7 @@ def _orphans(
         view = broker.view(queues)
         _note_incarnation(view)
     recent = now - timedelta(seconds=grace)
-    candidates = [r for r in runs if not view.has_message(r.pk) and r.created_at <= recent]
+    candidates = [r for r in runs if not view.has_message(r.pk) and r.queued_at <= recent]
     if not candidates:
         return []
     time.sleep(CONFIRM_PAUSE_S)
@@ -292,7 +292,7 @@ def claim_order(run: Run, *, broker: Broker | None = None, now: datetime | None 
     this run's: a re-send). Then ``run`` itself is sent again, behind them, and the reason is
     returned: the supervisor that asked ends without starting it. An unreachable broker never
     holds a run back (its worker just got the message from it)."""
-    older = [r for r in _queued(run.queue) if (r.created_at, r.pk) < (run.created_at, run.pk)]
+    older = [r for r in _queued(run.queue) if (r.queued_at, r.pk) < (run.queued_at, run.pk)]
     if not older:
         return ""
     try:
