@@ -458,7 +458,7 @@ export class ChartGrid {
   }
 
   drawAlerts(panel, u) {
-    if (this.opts.x !== "step") return;
+    if (!this.alerts.length || this.opts.x !== "step") return; // every frame of every panel comes here
     const marks = this.alertsOn(panel);
     if (!marks.length) return;
     const ctx = u.ctx;
