@@ -63,22 +63,32 @@ def test_a_warning_and_a_log_record_become_log_events_and_mirror_lines(tmp_path:
 
 
 def test_a_library_that_prints_its_own_records_is_routed_through_the_bridge(tmp_path: Path) -> None:
-    """transformers gives its logger a stderr handler and stops it propagating: while the bridge
-    is installed its records become events (with their level) instead, and afterwards it prints
-    again as before."""
-    from transformers.utils import logging as hf_logging
-
-    library = hf_logging.get_logger("transformers.modeling_utils")
-    root = hf_logging.get_logger("transformers")
+    """A library that gives its logger a stderr handler and stops it propagating (transformers'
+    ``_configure_library_root_logger`` does exactly this): while the bridge is installed its records
+    become events (with their level) instead, and afterwards it prints again as before. The library
+    is built here rather than taken from transformers, whose logger state is process-global and is
+    changed by whatever else the process imported or configured first."""
+    root = logging.getLogger("printing_library")
+    printer = logging.StreamHandler(io.StringIO())
+    root.addHandler(printer)
+    root.propagate = False
+    library = logging.getLogger("printing_library.modeling_utils")
     before = (root.propagate, list(root.handlers))
-    assert before[0] is False and before[1], "transformers no longer prints on its own: test something else"
     sink = EventSink("r1", tmp_path / "events.jsonl")
-    with LogBridge(sink, mirror=None):
-        library.warning("Some weights of the model were not used")
-    sink.close()
-    assert (root.propagate, list(root.handlers)) == before
-    logs = [(e["level"], e["message"]) for e in events_of(tmp_path / "events.jsonl")]
-    assert logs == [("warning", "transformers.modeling_utils: Some weights of the model were not used")]
+    try:
+        with LogBridge(sink, mirror=None):
+            library.warning("Some weights of the model were not used")
+        sink.close()
+        assert (root.propagate, list(root.handlers)) == before
+        logs = [(e["level"], e["message"]) for e in events_of(tmp_path / "events.jsonl")]
+        assert logs == [
+            ("warning", "printing_library.modeling_utils: Some weights of the model were not used")
+        ]
+        assert printer.stream.getvalue() == ""  # routed, not printed as well
+        library.warning("printed again")
+        assert printer.stream.getvalue() == "printed again\n"
+    finally:
+        root.removeHandler(printer)
 
 
 def test_a_flood_is_held_back_counted_and_reported(tmp_path: Path) -> None:
