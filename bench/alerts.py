@@ -15,7 +15,6 @@ Needs the machine's PostgreSQL; creates and drops its own database ``tributary_b
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -25,7 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+from bench.pg import django_on_fresh_database, drop_database  # noqa: E402
+
 BENCH_DB = "tributary_bench_alerts"
 WATCHED = ("actor/entropy", "reward/mean", "actor/pg_loss", "actor/grad_norm", "frac_reward_zero_std",
            "perf/throughput", "async/staleness_max", "rollout/mismatch_kl")  # fmt: skip
@@ -38,7 +38,9 @@ def events(steps: int, n_metrics: int) -> list[dict[str, Any]]:
         values = {name: 0.5 + 0.001 * ((step * 7 + i) % 13) for i, name in enumerate(names)}
         values["async/staleness_max"] = 1.0
         values["rollout/mismatch_kl"] = 0.001
-        out.append({"run": "b", "seq": step, "type": "metrics", "step": step, "time": 1.7e9 + step, "values": values})
+        out.append(
+            {"run": "b", "seq": step, "type": "metrics", "step": step, "time": 1.7e9 + step, "values": values}
+        )
     return out
 
 
@@ -53,26 +55,20 @@ def main() -> None:
     if args.quick:
         args.steps, args.rounds = 300, 3
 
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    os.environ.update(DATABASE_URL=f"{PG_SERVER}/{BENCH_DB}", DJANGO_SETTINGS_MODULE="webapp.settings")
-    os.environ.pop("REDIS_URL", None)  # the in-memory layer: this measures storing, not the fan-out
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    django_on_fresh_database(BENCH_DB)
     from webapp.alerts import monitor
     from webapp.runs import ingest
     from webapp.runs.models import Run
     from webapp.teams.models import Project, Team
 
-    project = Project.objects.create(team=Team.objects.create(name="Bench", slug="bench"), name="Alerts", slug="a")
-    batches = [ev[i : i + args.batch] for ev in [events(args.steps, args.metrics)] for i in range(0, len(ev), args.batch)]
+    project = Project.objects.create(
+        team=Team.objects.create(name="Bench", slug="bench"), name="Alerts", slug="a"
+    )
+    batches = [
+        ev[i : i + args.batch]
+        for ev in [events(args.steps, args.metrics)]
+        for i in range(0, len(ev), args.batch)
+    ]
     observe = monitor.observe
     inside = [0.0]  # seconds spent in the rules during the current run
 
@@ -106,7 +102,9 @@ def main() -> None:
                 shares.append(in_rules / elapsed)
     points = args.steps * args.metrics
     with_rules, without = statistics.median(times[True]), statistics.median(times[False])
-    print(f"{args.steps} steps x {args.metrics} metrics in batches of {args.batch}, {args.rounds} rounds each")
+    print(
+        f"{args.steps} steps x {args.metrics} metrics in batches of {args.batch}, {args.rounds} rounds each"
+    )
     print(f"{'':24}{'median s':>10}{'points/s':>12}")
     print(f"{'without rules (ref)':24}{without:10.3f}{points / without:12,.0f}")
     print(f"{'with the rules':24}{with_rules:10.3f}{points / with_rules:12,.0f}")
@@ -114,9 +112,7 @@ def main() -> None:
     print(f"A/B difference: {100 * (with_rules / without - 1):+.1f}% (carries the machine's noise)")
     # Measured inside the same runs, this share does not depend on what else the machine does.
     print(f"time inside the rules: {100 * statistics.median(shares):.1f}% of ingest (target < 5%)")
-    django.db.connections.close_all()
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+    drop_database(BENCH_DB)
 
 
 if __name__ == "__main__":

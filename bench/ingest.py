@@ -109,7 +109,7 @@ def write_log(path: Path, run_id: int, steps: int, n_metrics: int) -> int:
 
 
 def ship(web_url: str, run_id: int, path: Path) -> float:
-    from jobs.shipper import EventShipper
+    from tributary.shipper import EventShipper
     from webapp.runs.tokens import ingest_token
 
     shipper = EventShipper(web_url, run_id, ingest_token(run_id), path)
@@ -197,7 +197,7 @@ class Subscribers:
 
 def latency(web_url: str, port: int, run: Any, workdir: Path, n_subscribers: int, n_events: int) -> list[float]:
     from engine.events import EventSink
-    from jobs.shipper import EventShipper
+    from tributary.shipper import EventShipper
     from webapp.runs.models import ShareLink
     from webapp.runs.tokens import ingest_token
 

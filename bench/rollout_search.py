@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import random
 import statistics
 import sys
@@ -28,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+from bench.pg import django_on_fresh_database, drop_database  # noqa: E402
+
 BENCH_DB = "tributary_bench_search"
 TARGET_MS = 300
 
@@ -45,23 +45,12 @@ def main() -> None:
     if args.quick:
         args.steps, args.repeat = 200, 5
 
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    os.environ.update(DATABASE_URL=f"{PG_SERVER}/{BENCH_DB}", DJANGO_SETTINGS_MODULE="webapp.settings")
-    os.environ.pop("REDIS_URL", None)
-    import django
-
-    django.setup()
+    django_on_fresh_database(BENCH_DB)
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection
     from django.test import Client
 
-    call_command("migrate", verbosity=0)
-    from webapp.runs.models import Run
+    from webapp.runs.models import Run, prompt_hash
     from webapp.teams.choices import Role
     from webapp.teams.models import Membership, Project, Team
 
@@ -77,21 +66,24 @@ def main() -> None:
         seq = step  # one samples event per step
         for index in range(args.per_step):
             a, b = rng.randint(1, 999), rng.randint(1, 999)
-            words = ["Let me add", str(a), "and", str(b), "step by step."] + ["carry the one"] * rng.randint(5, 40)
+            words = ["Let me add", str(a), "and", str(b), "step by step."] + ["carry the one"] * rng.randint(
+                5, 40
+            )
             if index % 20 == 0:
                 words.append("hmm, wait")  # in 5% of the completions
             if step in rare_steps and index == 7:
                 words.append("xylophone")
             completion = " ".join(words) + f" The answer is {a + b}."
-            row = [str(run.pk), str(step), str(seq), str(index), f"What is {a} + {b}?", completion,
-                   str(rng.random()), "0", str(len(words) * 2), "stop", json.dumps({"group": index // 8}), "1", "f"]  # fmt: skip
+            prompt = f"What is {a} + {b}?"
+            row = [str(run.pk), str(step), str(seq), str(index), prompt, completion, str(rng.random()), "0",
+                   str(len(words) * 2), "stop", json.dumps({"group": index // 8}), "1", "f", prompt_hash(prompt)]  # fmt: skip
             buffer.write("\t".join(v.replace("\\", "\\\\").replace("\t", " ") for v in row) + "\n")
     start = time.perf_counter()
     with connection.cursor() as cursor:
         raw = cursor.connection
         columns = (
             "run_id, step, seq, index, prompt, completion, reward, advantage, length, finish_reason, extra, "
-            "attempt, superseded"
+            "attempt, superseded, prompt_hash"
         )
         with raw.cursor().copy(f"COPY runs_sample ({columns}) FROM STDIN") as copy:
             copy.write(buffer.getvalue())
@@ -134,10 +126,8 @@ def main() -> None:
         ms = median_ms(query)
         verdict = "ok" if ms < TARGET_MS else f"over {TARGET_MS} ms"
         print(f"{label:44}{ms:10.1f}{ms / reference:8.2f}  {verdict}")
-    django.db.connections.close_all()
     if not args.keep:
-        with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        drop_database(BENCH_DB)
 
 
 if __name__ == "__main__":

@@ -28,14 +28,17 @@ no switch for it. Targets: first chart under 1 s, no frame over 100 ms.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -116,13 +119,14 @@ def build_runs(site: Any, n_runs: int, steps: int, names: list[str]) -> list[int
                         (first, name, step, value, (start + timedelta(seconds=step)).isoformat(), step)
                     )
                 cursor.executemany(
-                    f"INSERT INTO {table} (run_id, name, step, value, time, seq) VALUES (%s, %s, %s, %s, %s, %s)",
+                    f"INSERT INTO {table} (run_id, name, step, value, time, seq, attempt, superseded) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, 1, FALSE)",
                     rows,
                 )
             for other in ids[1:]:
                 cursor.execute(
-                    f"INSERT INTO {table} (run_id, name, step, value, time, seq) "
-                    f"SELECT %s, name, step, value, time, seq FROM {table} WHERE run_id = %s",
+                    f"INSERT INTO {table} (run_id, name, step, value, time, seq, attempt, superseded) "
+                    f"SELECT %s, name, step, value, time, seq, attempt, superseded FROM {table} WHERE run_id = %s",
                     [other, first],
                 )
         now = datetime.now(UTC)
@@ -134,8 +138,27 @@ def build_runs(site: Any, n_runs: int, steps: int, names: list[str]) -> list[int
     return ids
 
 
+@contextlib.contextmanager
+def signed_in_browser(site: Any) -> Iterator[tuple[Any, Any]]:
+    """Headless Chromium signed in as ``e2e`` with ``PROBE`` in every page: ``(context, console)``;
+    the browser, Playwright's driver and the site's processes are stopped afterwards."""
+    gen = tributary_playwright()
+    try:
+        playwright = next(gen)
+        browser = launch_chromium(playwright)
+        context, console = new_context(browser)
+        context.add_init_script(PROBE)
+        sign_in(context.new_page(), site, "e2e")
+        yield context, console
+        context.close()
+        browser.close()
+    finally:
+        gen.close()  # stops Playwright's driver (its thread would keep the process alive)
+        site.deployment.stop_all()
+
+
 def no_downsampling(route: Any) -> None:
-    route.continue_(url=route.request.url.replace("max_points=1000", "max_points=20000"))
+    route.continue_(url=re.sub(r"max_points=\d+", "max_points=20000", route.request.url))
 
 
 def first_chart(context: Any, url: str, reference: bool) -> dict[str, float]:
@@ -188,7 +211,7 @@ class Stream:
         self.shipper: Any = None
 
     def start(self) -> None:
-        from jobs.shipper import EventShipper
+        from tributary.shipper import EventShipper
         from webapp.runs.tokens import ingest_token
 
         self.shipper = EventShipper(self.site.url, self.run_id, ingest_token(self.run_id), self.path).start()
@@ -289,23 +312,12 @@ def main() -> None:
     site.deployment.start_web()
     loads: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     streams: dict[bool, dict] = {}
-    gen = tributary_playwright()
-    try:
-        playwright = next(gen)
-        browser = launch_chromium(playwright)
-        context, console = new_context(browser)
-        context.add_init_script(PROBE)
-        sign_in(context.new_page(), site, "e2e")
+    with signed_in_browser(site) as (context, console):
         for _ in range(args.repeats):
             for reference in (False, True):
                 loads[reference].append(first_chart(context, f"{site.url}/runs/{history}/", reference))
         streams[False] = streaming(context, site, stream_down, args.steps, args, False, workdir)
         streams[True] = streaming(context, site, stream_ref, args.steps, args, True, workdir)
-        context.close()
-        browser.close()
-    finally:
-        gen.close()  # stops Playwright's driver (its thread would keep the process alive)
-        site.deployment.stop_all()
 
     n = args.metrics * args.steps
     print(f"UI: run page in headless Chromium, {args.metrics} metrics x {args.steps:,} steps = {n:,} points "

@@ -76,18 +76,18 @@ EXIT_STATES: dict[int, str] = {
 # ----------------------------------------------------------------------------- close codes
 
 # 4000-4999 are the application's (RFC 6455 section 7.4.2).
-# The ingest socket (worker <-> web app, jobs/protocol.py describes the messages):
-CLOSE_BAD_MESSAGE = 4400  # not JSON, not an object, unknown message type (browser sockets too)
-CLOSE_BAD_TOKEN = 4401  # missing, forged or expired token: get a new one by requeueing
-CLOSE_WRONG_RUN = 4403  # a valid token, but for another run
-CLOSE_NO_RUN = 4404  # the run does not exist (deleted)
-CLOSE_RUN_OVER = 4410  # the engine's final status is stored: the attempt takes no more events
-CLOSE_TOO_BIG = 4413  # message larger than the limit
-CLOSE_BAD_EVENT = 4422  # an event without a usable seq; nothing of the batch was stored
-CLOSE_UNAVAILABLE = 1011  # the database failed: the worker reconnects and resends
-# Codes after which reconnecting cannot help: the worker's supervisor stops the run instead.
-FATAL_CLOSE_CODES: frozenset[int] = frozenset(
-    {CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_RUN_OVER, CLOSE_BAD_EVENT}
+# The ingest socket (worker <-> web app): its codes belong to the wire protocol, which the client
+# library (client/tributary/protocol.py, no engine there) speaks too; re-exported here.
+from tributary.protocol import (  # noqa: E402, F401 - re-exported
+    CLOSE_BAD_EVENT,
+    CLOSE_BAD_MESSAGE,
+    CLOSE_BAD_TOKEN,
+    CLOSE_NO_RUN,
+    CLOSE_RUN_OVER,
+    CLOSE_TOO_BIG,
+    CLOSE_UNAVAILABLE,
+    CLOSE_WRONG_RUN,
+    FATAL_CLOSE_CODES,
 )
 
 # The browser sockets (live run pages, the runs table):

@@ -32,6 +32,7 @@ from engine.pipeline.async_loop import AsyncOrchestrator
 from engine.pipeline.learner import Learner, needs_reference
 from engine.pipeline.orchestrator import Orchestrator
 from engine.pipeline.producer import RolloutProducer
+from engine.pipeline.token_view import token_texts
 from engine.rewards import RewardManager
 from engine.rollout import RolloutBackend, make_rollout_backend
 from engine.rollout.process_backend import BackendSpec, ProcessRolloutBackend, visible_device_env
@@ -249,6 +250,7 @@ def _train(
             run_dir=run_dir,
             checkpoint_extra=checkpoint_extra,
             progress=progress,
+            token_texts=token_texts(tokenizer),
         )
         if state is not None:
             orchestrator.restore_in_flight(state.in_flight, splits.train)

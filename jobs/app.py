@@ -13,7 +13,7 @@ A message a worker had taken is lost if that worker is killed with SIGKILL, even
 acks (checked on this transport), so recovering lost runs is the web app's sweeper's job,
 based on heartbeats, not the broker's. A message still waiting is lost when a Redis without
 persistence restarts: the web app's reconciler (``webapp.runs.reconcile``) sends queued runs
-whose message is gone again, and the exclusive claim of the ingest socket (``jobs/protocol.py``)
+whose message is gone again, and the exclusive claim of the ingest socket (``client/tributary/protocol.py``)
 lets one supervisor start a run however many copies of its message are delivered.
 """
 

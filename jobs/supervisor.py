@@ -60,8 +60,8 @@ from engine.events import EventSink, last_seq_in
 from engine.paths import DATA_DIR_ENV, data_dir
 from engine.rewards.policy import RewardPolicy
 from jobs.confine import ConfinementPlan, confine_mode, engine_environment, landlock_abi
-from jobs.protocol import ATTACH_ENGINE_FROM, HELLO_CLAIMS
-from jobs.shipper import EventShipper, Hello, OutputLog
+from tributary.protocol import ATTACH_ENGINE_FROM, HELLO_CLAIMS
+from tributary.shipper import EventShipper, Hello, OutputLog
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ class RunSupervisor:
         self._decision = ""
         self._first_hello: Hello | None = None
         # Unique to this supervisor: of several holding copies of the run's queue message, the
-        # web app lets one claim win (jobs/protocol.py), and only the winner starts the engine.
+        # web app lets one claim win (client/tributary/protocol.py), and only the winner starts the engine.
         self.claim_id = uuid.uuid4().hex
         self._claim_message = ""
         self._cancel = threading.Event()

@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "webapp.teams",
     "webapp.runs",
     "webapp.alerts",
+    "webapp.analysis",
     "webapp.api",
     "webapp.pages",
     "webapp.embedded",
@@ -170,6 +171,9 @@ else:
 INGEST_TOKEN_MAX_AGE = env_int("INGEST_TOKEN_MAX_AGE", 24 * 3600, minimum=60)
 LOST_AFTER = env_int("LOST_AFTER", 120, minimum=5)
 SWEEP_EVERY = env_int("SWEEP_EVERY", 15, minimum=1)
+# The web app's copy of each run's engine output stops growing here (webapp.runs.output): a chatty
+# run cannot fill the web machine's disk; the worker's engine.log keeps everything.
+FULL_LOG_MAX_BYTES = env_int("FULL_LOG_MAX_MB", 1024, minimum=1) * 1024 * 1024
 
 # --- Throttling ----------------------------------------------------------------------------
 # Sign-in (the login form, the admin's, any authenticate() with a request): django-axes counts

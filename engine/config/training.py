@@ -144,9 +144,38 @@ class CheckpointConfig(Section):
     save_final: bool = Field(True, title="Save at the end")
 
 
+MAX_TOKENS_PER_STEP = 32768
+"""Most tokens a step's samples event carries for the token view (logging.token_samples_per_step x
+logging.tokens_per_sample)."""
+
+
 class LoggingConfig(Section):
     samples_per_step: int = Field(
         16, ge=0, le=4096, title="Samples per step", description="Rollouts sent as events each step."
+    )
+    token_samples_per_step: int = Field(
+        8,
+        ge=0,
+        le=64,
+        title="Samples with tokens per step",
+        description="How many of the samples sent each step carry their tokens with the log-probability "
+        "and entropy each was sampled with (the rollout browser's token view); 0 = none.",
+    )
+    tokens_per_sample: int = Field(
+        512,
+        ge=1,
+        le=4096,
+        title="Tokens per sample",
+        description="The first this many tokens of such a sample are sent; the rest is marked as cut.",
+    )
+    token_entropy_top_k: int = Field(
+        0,
+        ge=0,
+        le=20,
+        title="Entropy from top-k (vLLM)",
+        description="rollout.backend vllm only (torch always sends the exact entropy): estimate each "
+        "token's entropy from the k most likely tokens' log-probs (a lower bound); 0 = no entropies. "
+        "Costs vLLM k log-probs per generated token; at most 20 (vLLM's max_logprobs).",
     )
     heartbeat_s: float = Field(10.0, gt=0, title="Heartbeat (s)")
     system_metrics_s: float = Field(
@@ -159,3 +188,15 @@ class LoggingConfig(Section):
     progress: Literal["auto", "on", "off"] = Field(
         "auto", title="Progress bar", description="'auto' shows it when stderr is a terminal."
     )
+
+    @model_validator(mode="after")
+    def _bounded_tokens(self) -> LoggingConfig:
+        # ~20 bytes of JSON a token (text, logprob, entropy): 32,768 tokens keep a step's samples event
+        # well inside the 4 MiB an ingest message may hold (engine/pipeline/metrics.py caps the bytes too).
+        tokens = self.token_samples_per_step * self.tokens_per_sample
+        if tokens > MAX_TOKENS_PER_STEP:
+            raise ValueError(
+                f"logging.token_samples_per_step x logging.tokens_per_sample is {tokens} tokens a step; "
+                f"the limit is {MAX_TOKENS_PER_STEP}: lower either"
+            )
+        return self

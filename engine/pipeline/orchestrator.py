@@ -63,6 +63,7 @@ class Orchestrator:
         run_dir: Path,
         checkpoint_extra: Callable[[], dict[str, Any]] = dict,
         progress: Any = None,
+        token_texts: Callable[[Sequence[int]], list[str]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.producer = producer
@@ -74,6 +75,7 @@ class Orchestrator:
         self.run_dir = run_dir
         self.checkpoint_extra = checkpoint_extra
         self.progress = progress
+        self.token_texts = token_texts  # token ids -> each token's text, for the samples' token view
         self.stop_requested = False
         self.stop_signal = ""  # the signal that asked for the stop, logged by the run loop
         self.history: list[dict[str, float]] = []
@@ -218,7 +220,15 @@ class Orchestrator:
         if torch.cuda.is_available():
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
         if self.cfg.logging.samples_per_step:
-            self.sink.samples(step, sample_items(produced.generated, self.cfg.logging.samples_per_step))
+            log = self.cfg.logging
+            items = sample_items(
+                produced.generated,
+                log.samples_per_step,
+                token_texts=self.token_texts,
+                token_samples=log.token_samples_per_step,
+                tokens_per_sample=log.tokens_per_sample,
+            )
+            self.sink.samples(step, items)
         return metrics
 
     def save(self, step: int) -> Path:

@@ -64,12 +64,23 @@ class PartialCompletion:
     logprobs: list[float] = field(default_factory=list)
     segments: list[tuple[int, int]] = field(default_factory=list)  # (policy version, tokens), in order
     finish_reason: str | None = None  # None while unfinished
+    # The token view's entropies (Completion.entropies) while every chunk brought them; None once one did
+    # not (a backend without them, or tokens restored from a checkpoint, which keeps no entropies).
+    entropies: list[float] | None = field(default_factory=list)
 
-    def add(self, token_ids: Sequence[int], logprobs: Sequence[float], version: int) -> None:
+    def add(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        version: int,
+        entropies: Sequence[float] | None = None,
+    ) -> None:
         if not token_ids:
             return
         self.token_ids.extend(token_ids)
         self.logprobs.extend(logprobs)
+        if self.entropies is not None:
+            self.entropies = None if entropies is None else self.entropies + list(entropies[: len(token_ids)])
         if self.segments and self.segments[-1][0] == version:
             self.segments[-1] = (version, self.segments[-1][1] + len(token_ids))
         else:
@@ -78,6 +89,8 @@ class PartialCompletion:
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` tokens (and their log-probs and segments)."""
         del self.token_ids[length:], self.logprobs[length:]
+        if self.entropies is not None:
+            del self.entropies[length:]
         kept, segments = 0, []
         for version, n in self.segments:
             if kept < length:
@@ -92,7 +105,11 @@ class PartialCompletion:
 
     def copy(self) -> PartialCompletion:
         return PartialCompletion(
-            list(self.token_ids), list(self.logprobs), list(self.segments), self.finish_reason
+            list(self.token_ids),
+            list(self.logprobs),
+            list(self.segments),
+            self.finish_reason,
+            None if self.entropies is None else list(self.entropies),
         )
 
 
@@ -194,7 +211,10 @@ def groups_from_state(state: dict[str, Any], prompts: Iterable[Prompt]) -> list[
                 raise ValueError(
                     f"a partial rollout in flight for prompt {prompt.uid!r} is corrupt in the checkpoint"
                 )
-            completions.append(PartialCompletion(token_ids, logprobs, segments, c["finish_reason"]))
+            entropies = [] if not token_ids else None  # a checkpoint keeps no entropies
+            completions.append(
+                PartialCompletion(token_ids, logprobs, segments, c["finish_reason"], entropies)
+            )
         groups.append(PartialGroup(prompt, completions, int(saved["started_step"])))
     return groups
 
@@ -305,7 +325,7 @@ class PartialRolloutProducer:
             new = out.completions[0]
             room = r.max_new_tokens - len(c.token_ids)
             ids, lps = new.token_ids[:room], new.logprobs[:room]
-            c.add(ids, lps, version)
+            c.add(ids, lps, version, new.entropies)
             kept += len(ids)
             if new.finish_reason == "stop" and len(new.token_ids) <= room:
                 c.finish_reason = "stop"
@@ -353,6 +373,7 @@ class PartialRolloutProducer:
                         c.finish_reason,  # type: ignore[arg-type]
                         current if c.oldest_version is None else c.oldest_version,
                         segments=list(c.segments),
+                        entropies=None if c.entropies is None else list(c.entropies),
                     )
                     for c in g.completions
                 ],

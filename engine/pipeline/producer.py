@@ -88,7 +88,7 @@ class RolloutProducer:
         return self.sampler.metrics() if isinstance(self.sampler, PromptSelector) else {}
 
     def sampling_params(self, *, n: int, temperature: float | None = None, seed: int | None = None) -> SamplingParams:
-        r = self.cfg.rollout
+        r, log = self.cfg.rollout, self.cfg.logging
         return SamplingParams(
             n=n,
             temperature=r.temperature if temperature is None else temperature,
@@ -97,6 +97,8 @@ class RolloutProducer:
             max_new_tokens=r.max_new_tokens,
             stop=tuple(r.stop),
             seed=seed,
+            # vLLM's entropies are only worth their top-k log-probs when some samples will show them.
+            entropy_top_k=log.token_entropy_top_k if log.token_samples_per_step else 0,
         )
 
     def generate_and_score(

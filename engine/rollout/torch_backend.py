@@ -207,6 +207,7 @@ class _Chunk:
 class _RowResult:
     token_ids: list[int]
     logprobs: list[float]
+    entropies: list[float]
     finish_reason: FinishReason
     text: str | None  # set when a stop string truncated it
 
@@ -322,6 +323,7 @@ class TorchRolloutBackend:
                         text=text,
                         finish_reason=r.finish_reason,
                         policy_version=self._version,
+                        entropies=r.entropies,
                     )
                 )
                 gen_tokens += len(r.token_ids)
@@ -426,6 +428,7 @@ class TorchRolloutBackend:
 
         out_tokens = torch.zeros((rows, max_new), dtype=torch.long, device=device)
         out_logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=device)
+        out_entropies = torch.zeros((rows, max_new), dtype=torch.float32, device=device)
         lengths = [max_new] * rows
         reasons: list[FinishReason] = ["length"] * rows
         texts: list[str | None] = [None] * rows
@@ -435,9 +438,10 @@ class TorchRolloutBackend:
         for t in range(max_new):
             live = row_seq.shape[0]
             u = uniforms[row_seq, t] if uniforms is not None else None
-            tokens, logprobs = _sample(logits, params, u)
+            tokens, logprobs, entropies = _sample(logits, params, u)
             out_tokens[row_seq, t] = tokens
             out_logprobs[row_seq, t] = logprobs
+            out_entropies[row_seq, t] = entropies
             done = torch.isin(tokens, self._eos_tensor)
             if stop_mask is not None:
                 candidates = (stop_mask[tokens] & ~done).nonzero().flatten().tolist()
@@ -474,8 +478,15 @@ class TorchRolloutBackend:
 
         all_tokens = out_tokens.tolist()
         all_logprobs = out_logprobs.tolist()
+        all_entropies = out_entropies.tolist()
         return [
-            _RowResult(all_tokens[i][: lengths[i]], all_logprobs[i][: lengths[i]], reasons[i], texts[i])
+            _RowResult(
+                all_tokens[i][: lengths[i]],
+                all_logprobs[i][: lengths[i]],
+                all_entropies[i][: lengths[i]],
+                reasons[i],
+                texts[i],
+            )
             for i in range(rows)
         ]
 
@@ -667,10 +678,17 @@ class _GenericDecoder:
         return logits
 
 
+def _entropy(scaled: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of each row's ``softmax(scaled)``: ``H = -sum_v p_v log p_v`` with
+    ``log p = scaled - lse``; ``entr`` makes a token of probability 0 (a ``-inf`` logit) add 0."""
+    return torch.special.entr(torch.exp(scaled - lse)).sum(-1)
+
+
 def _sample(
     logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; return it and its log-probability before top-k/top-p truncation.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pick one token per row; return it, its log-probability before top-k/top-p truncation, and the
+    entropy of that same distribution (what the token view of the rollout browser shows).
 
     Greedy (``temperature == 0``): argmax, logprob of ``log_softmax(logits)``. Otherwise the token is the
     inverse-CDF lookup of the row's uniform in ``softmax(filtered logits / T)`` and its logprob is
@@ -679,8 +697,9 @@ def _sample(
     """
     if params.temperature == 0 or uniforms is None:
         tokens = logits.argmax(-1)
-        logprobs = logits.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
-        return tokens, logprobs
+        lse = torch.logsumexp(logits, -1, keepdim=True)
+        logprobs = (logits.gather(-1, tokens[:, None]) - lse).squeeze(-1)
+        return tokens, logprobs, _entropy(logits, lse)
     scaled = logits / params.temperature if params.temperature != 1 else logits
     lse = torch.logsumexp(scaled, -1, keepdim=True)
     vocab = scaled.shape[-1]
@@ -696,16 +715,14 @@ def _sample(
         kept = (mass_before < params.top_p).sum(-1, keepdim=True).clamp_(min=1)
         threshold = sorted_logits.gather(-1, kept - 1)
         filtered = filtered.masked_fill(filtered < threshold, float("-inf"))
-    if filtered is scaled:
-        probs = torch.exp(scaled - lse)
-    else:
-        probs = torch.softmax(filtered, dim=-1)
+    full = torch.exp(scaled - lse)
+    probs = full if filtered is scaled else torch.softmax(filtered, dim=-1)
     cdf = probs.double().cumsum_(-1)
     total = cdf[:, -1:]
     target = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=vocab - 1)
     logprobs = (scaled.gather(-1, tokens[:, None]) - lse).squeeze(-1)
-    return tokens, logprobs
+    return tokens, logprobs, torch.special.entr(full).sum(-1)
 
 
 def _sequence_uniforms(seq_ids: Sequence[int], seed: int, steps: int) -> torch.Tensor:

@@ -23,6 +23,10 @@ What the protocol asks and how it is met:
   in ``CompletionOutput.token_ids``); ``text`` is decoded here with ``skip_special_tokens=True`` and cut
   after the first stop string, with the same rule as the torch backend. EOS ids are the tokenizer's
   plus the generation config's, passed as ``stop_token_ids``.
+- Token entropies (``Completion.entropies``) only when ``SamplingParams.entropy_top_k > 0``: vLLM then
+  returns the ``k`` most likely tokens' raw logprobs at every position and :func:`entropy_lower_bound`
+  turns them into a lower bound of the entropy (vLLM never hands out the whole distribution). Without it
+  ``entropies`` is None and the rollout browser's entropy view says so.
 - ``n`` samples per prompt come from ``SamplingParams(n=...)``; with prefix caching the group's shared
   prompt is prefilled once. With ``seed`` set, prompt ``i`` gets its own seed (a hash of the call seed
   and ``i``) and vLLM seeds its ``n`` samples ``seed + j``, so a call is reproducible.
@@ -41,6 +45,7 @@ its threads.
 from __future__ import annotations
 
 import gc
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -219,7 +224,7 @@ class VLLMRolloutBackend:
                 stop=list(params.stop) or None,
                 include_stop_str_in_output=True,
                 stop_token_ids=self._eos,
-                logprobs=0,
+                logprobs=params.entropy_top_k,
                 seed=seed,
                 skip_special_tokens=True,
             )
@@ -240,11 +245,17 @@ class VLLMRolloutBackend:
             for c in samples[i * params.n : (i + 1) * params.n]:
                 ids = [int(t) for t in c.token_ids]
                 logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs, ids)]
+                entropies = None
+                if params.entropy_top_k:
+                    entropies = [
+                        entropy_lower_bound([lp.logprob for lp in step.values()], params.entropy_top_k)
+                        for step in c.logprobs
+                    ]
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
                 reason: FinishReason = "length" if c.finish_reason == "length" else "stop"
                 if isinstance(c.stop_reason, str):
                     text = text[: _first_stop_end(text, params.stop) or len(text)]
-                completions.append(Completion(ids, logprobs, text, reason, version))
+                completions.append(Completion(ids, logprobs, text, reason, version, entropies=entropies))
             groups.append(PromptCompletions(prompt, completions))
         return groups
 
@@ -256,6 +267,22 @@ class VLLMRolloutBackend:
 
     def _check_inputs(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
         return checked_inputs(prompts, params, self.vocab_size)
+
+
+def entropy_lower_bound(logprobs: Sequence[float], k: int) -> float:
+    """A lower bound (nats) of a distribution's entropy from the log-probs of its ``k`` most likely tokens
+    (``logprobs`` may hold one more: vLLM adds the sampled token when it is not among them).
+
+    With ``p_1 >= ... >= p_k`` the top-k probabilities and ``r = 1 - sum p_i`` the rest of the mass, every
+    other token has ``p <= p_k``, so its term ``-p log p >= p (-log p_k)``; summed over them,
+    ``H >= -sum_i p_i log p_i + r (-log p_k)``. Exact when the top k hold all the mass; below the true
+    entropy by at most ``r log(V / r)`` for a vocabulary of ``V`` tokens (the rest spread evenly)."""
+    top = sorted((float(x) for x in logprobs if math.isfinite(x)), reverse=True)[:k]
+    if not top:
+        return 0.0
+    probs = [math.exp(x) for x in top]
+    rest = max(0.0, 1.0 - sum(probs))
+    return -sum(p * x for p, x in zip(probs, top)) - rest * top[-1]
 
 
 def _first_stop_end(text: str, stop: Sequence[str]) -> int | None:

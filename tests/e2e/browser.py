@@ -156,6 +156,23 @@ def signed_in_page(
     return context, page, console
 
 
+def watched_run_pages(
+    browser: Any, site: Site, run_id: int, viewports: tuple[dict[str, int], ...] = (WIDE, NARROW)
+) -> tuple[list[Any], list[Any], list[Console]]:
+    """The run's page open at each of ``viewports`` as ``e2e``, its history loaded and its socket
+    live, each marked ``window.notReloaded`` (a reload would drop it): ``(pages, contexts, consoles)``."""
+    pages, contexts, consoles = [], [], []
+    for viewport in viewports:
+        context, page, console = signed_in_page(browser, site, "e2e", viewport, f"/runs/{run_id}/")
+        page.wait_for_selector("body[data-history-loaded]")
+        page.wait_for_selector("#live-state[data-state=open]")
+        page.evaluate("() => { window.notReloaded = true; }")
+        pages.append(page)
+        contexts.append(context)
+        consoles.append(console)
+    return pages, contexts, consoles
+
+
 def sign_in(page: Any, site: Site, username: str) -> None:
     """Through the real login form."""
     page.goto(f"{site.url}/login/")
@@ -183,3 +200,8 @@ def tributary_playwright() -> Iterator[Any]:
 
     with sync_playwright() as playwright:
         yield playwright
+
+
+def text_of(page: Any, selector: str) -> str:
+    """The element's visible text, trimmed."""
+    return page.inner_text(selector).strip()

@@ -13,10 +13,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from jobs.shipper import EventShipper
 from tests.e2e.browser import NARROW, WIDE, Site, no_errors, running_site, screenshot, signed_in_page
 from tests.e2e.harness import WAIT
 from tests.tiny_runs import tiny_config
+from tributary.shipper import EventShipper
 
 STAGE_MS = 60_000
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from jobs.shipper import EventShipper
 from tests.e2e.browser import NARROW, WIDE, Site, no_errors, running_site, screenshot, signed_in_page
 from tests.e2e.harness import WAIT
 from tests.tiny_runs import tiny_config
+from tributary.shipper import EventShipper
 
 pytestmark = pytest.mark.slow
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from engine.log_bridge import mirror_lines
-from jobs.shipper import EventShipper, OutputLog
 from tests.e2e.browser import NARROW, WIDE, Site, running_site, screenshot, signed_in_page
 from tests.e2e.harness import WAIT, wait_until
 from tests.tiny_runs import tiny_config
+from tributary.shipper import EventShipper, OutputLog
 
 pytestmark = pytest.mark.slow
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from jobs.shipper import EventShipper
 from tests.e2e.browser import NARROW, WIDE, Site, running_site, screenshot, signed_in_page
 from tests.e2e.harness import WAIT
 from tests.e2e.test_browser_run_live import EngineLog
 from tests.tiny_runs import tiny_config
+from tributary.shipper import EventShipper
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from jobs.shipper import EventShipper
 from tests.e2e.browser import (
     NARROW,
     WIDE,
@@ -30,9 +29,12 @@ from tests.e2e.browser import (
     running_site,
     screenshot,
     signed_in_page,
+    text_of,
+    watched_run_pages,
 )
 from tests.e2e.harness import WAIT
 from tests.tiny_runs import tiny_config
+from tributary.shipper import EventShipper
 
 pytestmark = pytest.mark.slow
 
@@ -65,10 +67,6 @@ class EngineLog:
             self.write("metrics", step=step, time=time.time(), values={"reward/mean": step / TOTAL_STEPS})
 
 
-def _text(page: Any, selector: str) -> str:
-    return page.inner_text(selector).strip()
-
-
 def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
     site: Site, browser: Any, tmp_path: Path
 ) -> None:
@@ -77,18 +75,7 @@ def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
     config = tiny_config(Path("unused"), total_steps=TOTAL_STEPS, name="followed")
     run_id = d.api("POST", f"/projects/{site.project}/runs", {"config": config, "name": "followed"})["id"]
 
-    pages = []
-    contexts = []
-    consoles = []
-    for viewport in (WIDE, NARROW):
-        context, page, console = signed_in_page(browser, site, "e2e", viewport, f"/runs/{run_id}/")
-        page.wait_for_selector("body[data-history-loaded]")
-        page.wait_for_selector("#live-state[data-state=open]")
-        # Survives only as long as the document does: a reload would drop it.
-        page.evaluate("() => { window.notReloaded = true; }")
-        pages.append(page)
-        contexts.append(context)
-        consoles.append(console)
+    pages, contexts, consoles = watched_run_pages(browser, site, run_id)
     wide, narrow = pages
     for page in pages:
         assert page.get_attribute("#run-header", "data-status") == "queued"
@@ -117,7 +104,7 @@ def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
                 "() => document.querySelector('#run-alert [data-live-step]')?.textContent === '10'",
                 timeout=STAGE_MS,
             )
-            assert _text(page, "#run-alert") == f"training on cpu · step 10 of {TOTAL_STEPS}"
+            assert text_of(page, "#run-alert") == f"training on cpu · step 10 of {TOTAL_STEPS}"
             assert page.locator("#cancel-button").is_visible()
         log.steps(11, 30)
         for page in pages:
@@ -125,8 +112,8 @@ def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
                 "() => document.querySelector('#run-alert [data-live-step]')?.textContent === '30'",
                 timeout=STAGE_MS,
             )
-            assert _text(page, "#run-step") == "30"
-            assert _text(page, "#run-alert") == f"training on cpu · step 30 of {TOTAL_STEPS}"
+            assert text_of(page, "#run-step") == "30"
+            assert text_of(page, "#run-alert") == f"training on cpu · step 30 of {TOTAL_STEPS}"
         screenshot(wide, test, "running-1440")
         screenshot(narrow, test, "running-390")
 
@@ -152,10 +139,10 @@ def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
             assert page.locator("#cancel-button").count() == 0
             assert page.locator("#live-state").count() == 0
             assert page.locator("#run-alert [data-live-step]").count() == 0
-            assert _text(page, "#run-status") == "cancelled"
+            assert text_of(page, "#run-status") == "cancelled"
             options = page.inner_text("#resume-checkpoint")
             assert "step 30 (saved " in options and "checkpoints/" not in options
-            assert _text(page, "#checkpoint-count") == "1"  # the tab
+            assert text_of(page, "#checkpoint-count") == "1"  # the tab
             assert page.evaluate("() => window.notReloaded === true"), "the page was reloaded"
         screenshot(wide, test, "cancelled-1440")
         screenshot(narrow, test, "cancelled-390")
@@ -189,10 +176,12 @@ def test_the_compare_button_opens_a_compare_page_that_adds_runs(site: Site, brow
         assert page.locator("#compare-runs tbody tr").count() == 1
         assert page.locator("#compare-one").is_visible()
         screenshot(page, test, f"one-run-{label}")
-        page.select_option("#compare-add", str(ids[1]))
-        page.click("#compare-add-button")
-        page.wait_for_url(f"**/compare/?runs={ids[0]},{ids[1]}")
-        page.wait_for_selector("body[data-history-loaded]")
+        page.fill("#compare-search", "second")  # the server's search; added without a reload
+        page.locator(f"#compare-results li[data-run-id='{ids[1]}'] button").click()
+        page.wait_for_function(
+            f"() => new URLSearchParams(location.search).get('runs') === '{ids[0]},{ids[1]}'"
+        )
+        page.wait_for_selector("body[data-history-loaded=true]")
         assert page.locator("#compare-runs tbody tr").count() == 2
         assert page.locator("#compare-one").count() == 0
         screenshot(page, test, f"two-runs-{label}")

@@ -21,9 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from jobs.shipper import EventShipper
 from tests.e2e.harness import WAIT, Deployment, assert_stored_matches
 from tests.tiny_runs import tiny_config
+from tributary.shipper import EventShipper
 
 pytestmark = pytest.mark.slow
 

@@ -128,6 +128,26 @@ def test_greedy_matches_the_torch_backend(backend, torch_backend, tokenizer):
 
 
 @in_child
+def test_entropies_from_top_k_bound_the_torch_backends_exact_ones(backend, torch_backend, tokenizer):
+    """``entropy_top_k``: vLLM's top-k log-probs give a lower bound of each token's entropy (vllm_backend's
+    ``entropy_lower_bound``) at most the torch backend's exact entropy of the same distribution; without
+    it, no entropies at all (the token view says so)."""
+    prompts = encode(tokenizer, MIXED_TEXTS)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16, entropy_top_k=20)
+    ours, theirs = backend.generate(prompts, params), torch_backend.generate(prompts, params)
+    assert token_ids(ours) == token_ids(theirs)
+    for g, h in zip(ours, theirs):
+        for c, d in zip(g.completions, h.completions):
+            assert len(c.entropies) == len(c.token_ids)
+            # The bound and the exact value are two float32 computations of one distribution; a token's
+            # logprobs agree to LOGPROB_ATOL, an entropy of up to ~6 nats sums 20 such terms.
+            for lower, exact in zip(c.entropies, d.entropies):
+                assert 0.0 <= lower <= exact + 20 * LOGPROB_ATOL
+    plain = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=4))
+    assert all(c.entropies is None for g in plain for c in g.completions)
+
+
+@in_child
 def test_stop_strings_end_where_the_torch_backend_ends(backend, torch_backend, tokenizer):
     prompts = encode(tokenizer, MIXED_TEXTS)
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=24, stop=("e", "o "))

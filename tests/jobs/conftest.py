@@ -1,4 +1,4 @@
-"""A real WebSocket server playing the web app's side of ``jobs/protocol.py`` (the ingest socket).
+"""A real WebSocket server playing the web app's side of ``client/tributary/protocol.py`` (the ingest socket).
 
 ``FakeIngest`` runs a ``websockets`` asyncio server in a thread and behaves as the protocol
 says the web app does: it checks the run id and token of each connection, greets with
@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed
 
 from engine.contracts import CLOSE_BAD_EVENT, CLOSE_BAD_MESSAGE, CLOSE_BAD_TOKEN, CLOSE_NO_RUN, CLOSE_TOO_BIG
 from engine.events import EventSink
-from jobs.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
+from tributary.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
 
 FINAL = {"succeeded", "failed", "cancelled", "lost"}
 

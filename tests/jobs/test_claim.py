@@ -18,11 +18,11 @@ import pytest
 from websockets.sync.client import connect
 
 from jobs.app import SUPERVISE_TASK
-from jobs.protocol import HELLO_CLAIMS, MSG_CLAIM
-from jobs.shipper import ingest_url
 from jobs.supervisor import ENGINE_STARTING, RUNS_DIR_ENV, RunResult, RunSupervisor
 from tests.e2e.harness import Deployment, assert_stored_matches, scratch_postgres
 from tests.tiny_runs import tiny_config
+from tributary.protocol import HELLO_CLAIMS, MSG_CLAIM
+from tributary.shipper import ingest_url
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

@@ -1,4 +1,4 @@
-"""The worker's reader of the engine's output (``jobs.shipper.OutputLog``): chunks of whole lines
+"""The worker's reader of the engine's output (``tributary.shipper.OutputLog``): chunks of whole lines
 at any byte offset of the file, a partial line only when it must go, and the file's name for the
 web app's cursor."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jobs.shipper import OutputLog
+from tributary.shipper import OutputLog
 
 
 def test_chunks_end_after_a_newline(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ import pytest
 
 from engine.contracts import FATAL_CLOSE_CODES
 from engine.events import EventSink
-from jobs.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
-from jobs.shipper import EventLog, EventShipper, backoff_delay, ingest_url
+from tributary.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
+from tributary.shipper import EventLog, EventShipper, backoff_delay, ingest_url
 
 from .conftest import FakeIngest, read_log, write_events
 
@@ -268,7 +268,7 @@ def lines_offset(path: Path, index: int) -> int:
 def test_a_line_nested_too_deeply_keeps_its_seq_through_a_stand_in(fake_ingest, tmp_path: Path) -> None:
     """A line no parser can read (or nested past MAX_EVENT_DEPTH) would make the web app refuse
     every batch holding it: it travels as an error log event with its seq, and the rest follows."""
-    from jobs.protocol import MAX_EVENT_DEPTH
+    from tributary.protocol import MAX_EVENT_DEPTH
 
     fake = fake_ingest(RUN)
     path = tmp_path / "events.jsonl"

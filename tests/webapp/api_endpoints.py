@@ -24,8 +24,12 @@ TEAM_ENDPOINTS = [
     ("post", "/api/runs/{run}/resume", {}),
     ("post", "/api/runs/{run}/resume", {"checkpoint_id": "{checkpoint}"}),
     ("post", "/api/runs/{run}/fork", {"changes": {"trainer": {"total_steps": 3}}}),
+    ("post", "/api/runs/{run}/ingest-token", None),
+    ("post", "/api/runs/external", {"project": "gsm8k", "name": "sneaky"}),  # the project by its slug
     ("get", "/api/runs/{run}/checkpoints", None),
     ("get", "/api/runs/{run}/logs", None),
+    ("get", "/api/runs/{run}/output", None),
+    ("get", "/api/runs/{run}/output/full", None),
     ("get", "/api/runs/{run}/metrics", None),
     ("get", "/api/runs/{run}/metrics/series", None),
     ("get", "/api/runs/{run}/metrics.csv", None),

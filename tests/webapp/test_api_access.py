@@ -21,6 +21,8 @@ WRITES = {
     ("post", "/api/runs/{run}/cancel"): "member",
     ("post", "/api/runs/{run}/resume"): "member",
     ("post", "/api/runs/{run}/fork"): "member",
+    ("post", "/api/runs/{run}/ingest-token"): "member",
+    ("post", "/api/runs/external"): "member",
     ("get", "/api/runs/{run}/shares"): "member",
     ("post", "/api/runs/{run}/shares"): "member",
     ("delete", "/api/runs/{run}/shares/{share}"): "member",

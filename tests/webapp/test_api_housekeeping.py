@@ -75,3 +75,34 @@ def test_delete_needs_the_admin_and_the_name(
     }  # fmt: skip
     assert done.json()["files"] == "removed here" and not (tmp_path / str(finished.pk)).exists()
     assert client_for(admin).get(f"/api/runs/{finished.pk}").status_code == 404
+
+
+def test_the_lists_leave_archived_things_out_as_the_pages_do(
+    client_for: Callable[..., Client], viewer: Any, finished: Run, make_run: Callable[..., Run], project: Any
+) -> None:
+    """A script listing a project's runs or a team's projects sees what the pages list; the
+    archived ones come with ``archived=true``, and a run queued again is listed while active."""
+    from webapp.runs.housekeeping import archive_run
+    from webapp.teams.projects import archive_project
+
+    active_again = make_run(name="resumed", status=RunStatus.SUCCEEDED)
+    kept = make_run(name="kept", status=RunStatus.SUCCEEDED)
+    archive_run(finished)
+    archive_run(active_again)
+    Run.objects.filter(pk=active_again.pk).update(status=RunStatus.RUNNING)
+    client = client_for(viewer)
+
+    def ids(**query: Any) -> set[int]:
+        return {item["id"] for item in client.get(f"/api/projects/{project.pk}/runs", query).json()["items"]}
+
+    assert ids() == {kept.pk, active_again.pk}
+    assert ids(archived="true") == {finished.pk}
+    body = client.get(f"/api/runs/{finished.pk}").json()
+    assert body["archived_at"] is not None
+
+    other = project.team.projects.create(name="Old", slug="old")
+    archive_project(other)
+    listed = client.get(f"/api/teams/{project.team_id}/projects").json()
+    assert [p["id"] for p in listed] == [project.pk] and listed[0]["archived_at"] is None
+    shelved = client.get(f"/api/teams/{project.team_id}/projects", {"archived": "true"}).json()
+    assert [p["id"] for p in shelved] == [other.pk] and shelved[0]["archived_at"] is not None

@@ -355,6 +355,25 @@ def crashed(make_run: Callable[..., Run], valid_config: dict[str, Any]) -> Run:
     return run
 
 
+def test_an_archived_project_takes_no_launch_and_no_resume(
+    crashed: Run, as_member: Client, project: Project
+) -> None:
+    """Archiving hides a project from the lists; a script or a saved link must not keep launching
+    into it unseen: a 409 that says how to restore it, and nothing stored or queued."""
+    from webapp.teams.projects import archive_project, restore_project
+
+    archive_project(project)
+    before = Run.objects.count()
+    response = launch(as_member, project, {"config": {"preset": "grpo"}})
+    assert response.status_code == 409 and "is archived: restore it" in response.json()["detail"]
+    resumed = as_member.post(f"/api/runs/{crashed.pk}/resume", {}, content_type=JSON)
+    assert resumed.status_code == 409 and "is archived" in resumed.json()["detail"]
+    crashed.refresh_from_db()
+    assert Run.objects.count() == before and crashed.status == RunStatus.LOST
+    restore_project(project)
+    assert launch(as_member, project, {"config": {"preset": "grpo"}}).status_code == 201
+
+
 def test_resume_continues_the_same_run_from_the_latest_checkpoint(
     crashed: Run, as_member: Client, member: Any
 ) -> None:

@@ -27,9 +27,9 @@ from engine.contracts import (
     CLOSE_TOO_BIG,
     CLOSE_WRONG_RUN,
 )
-from jobs.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
 from jobs.registry import registry_from_env
 from tests.webapp.event_builders import a_run_of, metrics, status
+from tributary.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
 from webapp.asgi import application
 from webapp.live import announce
 from webapp.live.consumers import CLOSE_NOT_FOUND

@@ -17,8 +17,8 @@ from django.test import Client
 from engine import contracts
 from engine.log_bridge import mirror_lines
 from engine.output_lines import MAX_LINE_CHARS
-from jobs.protocol import HELLO_OUTPUT_OFFSET, HELLO_OUTPUT_STREAM, OUTPUT_CHUNK_BYTES
 from tests.webapp.test_live import TIMEOUT, closed_with, connections, ingest, watch  # noqa: F401 - fixtures
+from tributary.protocol import HELLO_OUTPUT_OFFSET, HELLO_OUTPUT_STREAM, OUTPUT_CHUNK_BYTES
 from webapp.runs import output as output_module
 from webapp.runs.ingest import store_events
 from webapp.runs.models import LogLine, OutputLine, Run, ShareLink
@@ -316,3 +316,69 @@ def test_log_events_stay_whole(run: Run) -> None:
     (the bridge rate-limits them at the source)."""
     store_events(run.pk, [log_event(seq, "info", f"record {seq}") for seq in range(1, 30)])
     assert LogLine.objects.filter(run=run).count() == 29
+
+
+# --------------------------------------------------------------------------- the API
+
+
+@pytest.mark.django_db
+def test_the_api_pages_output_lines_forward_and_serves_the_full_log(
+    token_for, viewer, outsider, run: Run, monkeypatch: Any
+) -> None:
+    """What the Logs tab shows, for a script: lines oldest first, paged with ``next_after``, the
+    dropped ones counted, and every byte from ``/output/full``, to the team's viewers only."""
+    monkeypatch.setattr(output_module, "OUTPUT_LINES_KEPT", 4)
+    data = b"a\nbb\nccc\nd\ne\nf\n"
+    store_output(run.pk, 0, STREAM, 0, data)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token_for(viewer)}"}
+    client = Client()
+    first = client.get(f"/api/runs/{run.pk}/output", {"limit": 3}, **auth).json()
+    assert [(i["offset"], i["message"]) for i in first["items"]] == [(5, "ccc"), (9, "d"), (11, "e")]
+    assert first["has_more"] and first["dropped"] == 2 and first["full_log_bytes"] == len(data)
+    rest = client.get(f"/api/runs/{run.pk}/output", {"after": first["next_after"]}, **auth).json()
+    assert [(i["offset"], i["message"]) for i in rest["items"]] == [(13, "f")] and not rest["has_more"]
+    assert rest["next_after"] == 13
+    full = client.get(f"/api/runs/{run.pk}/output/full", **auth)
+    assert full.status_code == 200 and full["Content-Type"] == "text/plain; charset=utf-8"
+    assert b"".join(full.streaming_content) == data
+    assert client.get(f"/api/runs/{run.pk}/output", {"after": -2}, **auth).status_code == 422
+    stranger = {"HTTP_AUTHORIZATION": f"Bearer {token_for(outsider)}"}
+    assert client.get(f"/api/runs/{run.pk}/output", **stranger).status_code == 404
+    assert client.get(f"/api/runs/{run.pk}/output/full", **stranger).status_code == 404
+
+
+@pytest.mark.django_db
+def test_before_any_output_the_api_has_an_empty_log(token_for, viewer, run: Run) -> None:
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token_for(viewer)}"}
+    response = Client().get(f"/api/runs/{run.pk}/output/full", **auth)
+    assert response.status_code == 200 and b"".join(response.streaming_content) == b""
+    page = Client().get(f"/api/runs/{run.pk}/output", **auth).json()
+    assert page == {"items": [], "next_after": -1, "has_more": False, "dropped": 0, "full_log_bytes": 0}
+
+
+@pytest.mark.django_db
+def test_the_full_log_stops_growing_at_its_cap_and_says_so(
+    client_for, member, run: Run, settings: Any
+) -> None:
+    """Past FULL_LOG_MAX_BYTES the file ends with one line naming the cap and where the rest is;
+    lines past the cap still reach the tab with offsets that go on in one byte space, and a
+    rolled-back chunk past the cap is cut as before."""
+    settings.FULL_LOG_MAX_BYTES = 16
+    store_output(run.pk, 0, STREAM, 0, b"0123456789\n")  # 11 bytes: under the cap
+    store_output(run.pk, 0, STREAM, 11, b"abcdefghij\n")  # crosses it: 5 bytes kept, then the line
+    store_output(run.pk, 0, STREAM, 22, b"after the cap\n")
+    kept = full_log_path(run.pk).read_bytes()
+    assert kept.startswith(b"0123456789\nabcde\n----- the web app keeps the first ")
+    assert kept.count(b"FULL_LOG_MAX_MB") == 1 and b"after the cap" not in kept
+    assert output_module.kept_bytes(36) == len(kept)
+    assert [(offset, message) for offset, _, message in lines_of(run)] == [
+        (0, "0123456789"),
+        (11, "abcdefghij"),
+        (22, "after the cap"),
+    ]
+    with full_log_path(run.pk).open("ab") as fh:
+        fh.write(b"from a transaction that failed")
+    store_output(run.pk, 0, STREAM, 36, b"more\n")
+    assert full_log_path(run.pk).read_bytes() == kept
+    response = client_for(member).get(f"/runs/{run.pk}/logs/engine.log")
+    assert b"".join(response.streaming_content) == kept and response["Content-Length"] == str(len(kept))

@@ -130,6 +130,21 @@ def test_members_and_admins_see_the_form_viewers_403_outsiders_404(
     assert Client().get("/projects/999999/new/").status_code == 302
 
 
+def test_an_archived_projects_form_says_so_and_launches_nothing(
+    member_client: Client, project: Project
+) -> None:
+    from webapp.teams.projects import archive_project
+
+    archive_project(project)
+    page = member_client.get(new_url(project)).content.decode()
+    assert 'id="project-archived"' in page and "is archived: restore it" in page
+    assert 'id="review-submit" disabled' in page
+    body = {"_action": "launch", "name": "late", "config_yaml": "preset: grpo", "mode": "yaml"}
+    response = member_client.post(new_url(project), body)
+    assert response.status_code == 409 and "is archived" in response.content.decode()
+    assert not Run.objects.filter(project=project).exists()
+
+
 def test_viewer_cannot_post_and_nothing_is_created(project: Project, viewer: Any) -> None:
     client = Client()
     client.force_login(viewer)

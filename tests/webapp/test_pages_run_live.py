@@ -147,22 +147,6 @@ def test_a_cancel_request_is_announced_to_open_pages(
 # --- compare ---------------------------------------------------------------------------------
 
 
-def test_compare_with_one_run_offers_the_project_runs_to_add(
-    client_for: Callable[..., Client], member: Any, make_run: Callable[..., Run], other_team: Any
-) -> None:
-    shown = make_run(name="shown")
-    other = make_run(name="candidate")
-    page = client_for(member).get(f"/compare/?runs={shown.pk}").content.decode()
-    assert 'id="compare-one"' in page
-    form = re.search(
-        r'<form method="get" action="/compare/"[^>]*id="compare-add-form">(.*?)</form>', page, re.S
-    )
-    assert form, page
-    assert f'name="runs" value="{shown.pk}"' in form.group(1)
-    options = re.findall(r'<option value="(\d+)">', form.group(1))
-    assert options == [str(other.pk)]  # not the run already shown
-
-
 def test_the_run_page_compare_button_leads_to_a_page_that_can_add(
     client_for: Callable[..., Client], member: Any, api_run: Run, make_run: Callable[..., Run]
 ) -> None:
@@ -171,24 +155,6 @@ def test_the_run_page_compare_button_leads_to_a_page_that_can_add(
     href = re.search(r'id="compare-link" href="([^"]+)"', _header(client, api_run)).group(1)
     assert href == f"/compare/?runs={api_run.pk}"
     page = client.get(href).content.decode()
-    assert 'id="compare-add"' in page and f'<option value="{other.pk}">second #{other.pk}' in page
-
-
-def test_adding_runs_redirects_to_one_shareable_link(
-    client_for: Callable[..., Client], member: Any, make_run: Callable[..., Run]
-) -> None:
-    a, b, c = make_run(name="a"), make_run(name="b"), make_run(name="c")
-    client = client_for(member)
-    response = client.get(f"/compare/?runs={a.pk},{b.pk}&add={c.pk}&add={a.pk}")
-    assert response.status_code == 302 and response["Location"] == f"/compare/?runs={a.pk},{b.pk},{c.pk}"
-    response = client.get(f"/compare/?runs=&add={c.pk}")  # from the empty page
-    assert response["Location"] == f"/compare/?runs={c.pk}"
-
-
-def test_the_empty_compare_page_offers_visible_runs_only(
-    client_for: Callable[..., Client], member: Any, outsider: Any, run: Run
-) -> None:
-    page = client_for(member).get("/compare/").content.decode()
-    assert 'id="compare-empty"' in page and f'<option value="{run.pk}">' in page
-    page = client_for(outsider).get(f"/compare/?runs={run.pk}").content.decode()
-    assert f'<option value="{run.pk}">' not in page and 'id="compare-no-candidates"' in page
+    assert 'id="compare-search"' in page and 'id="compare-one"' in page
+    found = client.get("/compare/search.json", {"q": "", "exclude": str(api_run.pk)}).json()["runs"]
+    assert [r["id"] for r in found] == [other.pk]  # the run shown is not offered again

@@ -10,7 +10,7 @@ shape or the engine's config schema refused it.
 | 401 | no session and no API token, or an unknown/revoked token |
 | 403 | the caller sees the object but lacks the role (viewer < member < admin), or CSRF failed |
 | 404 | no such object, or it belongs to a team the caller has no role in |
-| 409 | the run's state forbids it (cancel a finished run, resume a running one) |
+| 409 | the run's state forbids it (cancel a finished run, resume a running one, resume or fork an external run, an engine run's ingest token), or an archived project takes no new external run |
 | 422 | a bad field (each named by ``loc``), among them text with a NUL or a lone surrogate and integers beyond the column's range (``webapp.api.schemas``) |
 | 429 | too many failed API token checks from the caller's address (``Retry-After``) |
 | 503 | no database connection became free in time (``Retry-After``; ``webapp.dbpool``) |
@@ -31,10 +31,21 @@ from ninja.errors import AuthenticationError, Throttled
 from ninja.operation import Operation
 
 from webapp.api.auth import API_AUTH
-from webapp.api.routers import account, alerts, data, engine, housekeeping, projects, runs, shares, workers
+from webapp.api.routers import (
+    account,
+    alerts,
+    data,
+    engine,
+    external,
+    housekeeping,
+    projects,
+    runs,
+    shares,
+    workers,
+)
 from webapp.dbpool import busy_response, pool_exhausted
 from webapp.runs.models import InvalidTransition
-from webapp.runs.services import CannotResume, RunConfigInvalid
+from webapp.runs.services import CannotResume, ProjectArchived, RunConfigInvalid
 from webapp.teams.access import Forbidden, NotFound
 
 log = logging.getLogger(__name__)
@@ -64,6 +75,7 @@ api = TributaryAPI(
 api.add_router("", account.router)
 api.add_router("", engine.router)
 api.add_router("", projects.router)
+api.add_router("", external.router)  # before runs: /runs/external is no run id
 api.add_router("", runs.router)
 api.add_router("", housekeeping.router)
 api.add_router("", data.router)
@@ -131,6 +143,11 @@ def _invalid_transition(request: HttpRequest, exc: InvalidTransition) -> HttpRes
 
 @api.exception_handler(CannotResume)
 def _cannot_resume(request: HttpRequest, exc: CannotResume) -> HttpResponse:
+    return _detail(request, str(exc), 409)
+
+
+@api.exception_handler(ProjectArchived)
+def _project_archived(request: HttpRequest, exc: ProjectArchived) -> HttpResponse:
     return _detail(request, str(exc), 409)
 
 

@@ -171,6 +171,7 @@ class ProjectOut(Schema):
     created_at: datetime
     role: str | None = Field(description="The caller's role in the project's team.")
     run_counts: dict[str, int] = Field(description="Number of runs by status.")
+    archived_at: datetime | None = Field(description="When it was archived; null: listed as usual.")
 
 
 # --- runs --------------------------------------------------------------------------------
@@ -231,11 +232,15 @@ class AttemptOut(Schema):
 
 class Permissions(Schema):
     edit: bool = Field(description="Rename, tag, write notes (member).")
-    cancel: bool = Field(description="Cancel: member, and the run is queued, starting or running.")
-    resume: bool = Field(
-        description="Resume (the same run continues) from a checkpoint: member, the run is final and has one."
+    cancel: bool = Field(
+        description="Cancel: member, and the run is queued, starting or running (an external run's "
+        "second cancel ends it at once: its script did not stop)."
     )
-    fork: bool = Field(description="Fork with config changes (member).")
+    resume: bool = Field(
+        description="Resume (the same run continues) from a checkpoint: member, the run is final and has one "
+        "(never for an external run)."
+    )
+    fork: bool = Field(description="Fork with config changes (member; never for an external run).")
     share: bool = Field(description="Create and revoke share links (member).")
 
 
@@ -251,11 +256,15 @@ class RunListItem(Schema):
     finished_at: datetime | None
     created_by: str | None = Field(description="Username of the run's creator.")
     queue: str
+    origin: str = Field(
+        description="engine: a worker runs Tributary's engine; external: the user's own script trains it."
+    )
     tags: list[str]
     last_step: int
     parent_id: int | None
     parent_kind: str
     summary: dict[str, Any] = Field(description="Last value of each metric.")
+    archived_at: datetime | None = Field(description="When it was archived; null: listed as usual.")
 
 
 class RunOut(RunListItem):
@@ -263,7 +272,10 @@ class RunOut(RunListItem):
     notes: str
     config: dict[str, Any] = Field(description="The full validated engine config.")
     heartbeat_at: datetime | None
-    worker_host: str
+    worker_host: str = Field(
+        description="The worker's host; for an external run, the host its script reports from."
+    )
+    client_pid: int | None = Field(description="An external run's script's process id (from its attach).")
     cancel_requested_at: datetime | None
     is_final: bool
     last_seq: int
@@ -344,6 +356,23 @@ class LogPage(Schema):
     items: list[LogLineOut]
     next_after_seq: int = Field(description="Pass as after_seq to get the lines after these.")
     has_more: bool
+
+
+class OutputLineOut(Schema):
+    offset: int = Field(description="Where the line starts in the run's full log (bytes).")
+    level: str
+    message: str
+    time: datetime
+
+
+class OutputPage(Schema):
+    items: list[OutputLineOut]
+    next_after: int = Field(description="Pass as after to get the lines after these.")
+    has_more: bool
+    dropped: int = Field(
+        description="Older lines no longer kept as lines; the full log (output/full) has them."
+    )
+    full_log_bytes: int = Field(description="Size of the full log the web app holds.")
 
 
 # --- metrics and samples -----------------------------------------------------------------
@@ -464,16 +493,24 @@ class AlertRuleOut(Schema):
 
 
 class AlertSettingsOut(Schema):
-    rules: dict[str, dict[str, Any]] = Field(description="This level's settings: {rule: {enabled, parameter}}.")
-    effective: dict[str, dict[str, Any]] = Field(description="What applies: defaults, then project, then run.")
+    rules: dict[str, dict[str, Any]] = Field(
+        description="This level's settings: {rule: {enabled, parameter}}."
+    )
+    effective: dict[str, dict[str, Any]] = Field(
+        description="What applies: defaults, then project, then run."
+    )
     webhook_url: str | None = Field(description="The project's webhook (admins only; null for others).")
     catalogue: list[AlertRuleOut]
 
 
 class ProjectAlertSettingsIn(Schema):
     rules: JsonObject = Field(default_factory=dict, description="{rule: {enabled, parameter: value}}")
-    webhook_url: Text = Field("", max_length=500, description="http(s) URL called with each alert; empty for none.")
+    webhook_url: Text = Field(
+        "", max_length=500, description="http(s) URL called with each alert; empty for none."
+    )
 
 
 class RunAlertOverridesIn(Schema):
-    rules: JsonObject = Field(default_factory=dict, description="{rule: {enabled, parameter: value}} over the project's")
+    rules: JsonObject = Field(
+        default_factory=dict, description="{rule: {enabled, parameter: value}} over the project's"
+    )

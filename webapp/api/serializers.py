@@ -68,6 +68,7 @@ def project_out(
         "created_at": project.created_at,
         "role": str(role) if role else None,
         "run_counts": counts[project.pk],
+        "archived_at": project.archived_at,
     }
 
 
@@ -133,11 +134,13 @@ def run_list_item(run: Run) -> dict[str, Any]:
         "finished_at": run.finished_at,
         "created_by": run.created_by.get_username() if run.created_by else None,
         "queue": run.queue,
+        "origin": run.origin,
         "tags": list(run.tags or []),
         "last_step": run.last_step,
         "parent_id": run.parent_id,
         "parent_kind": run.parent_kind,
         "summary": dict(run.summary or {}),
+        "archived_at": run.archived_at,
     }
 
 
@@ -162,6 +165,7 @@ def run_out(run: Run, role: Role | str | None) -> dict[str, Any]:
         "config": run.config,
         "heartbeat_at": run.heartbeat_at,
         "worker_host": run.worker_host,
+        "client_pid": run.client_pid,
         "cancel_requested_at": run.cancel_requested_at,
         "is_final": status in FINAL_STATUSES,
         "last_seq": run.last_seq,
@@ -178,9 +182,16 @@ def run_out(run: Run, role: Role | str | None) -> dict[str, Any]:
         "role": str(role) if role else None,
         "permissions": {
             "edit": is_member,
-            "cancel": is_member and status in ACTIVE_STATUSES and run.cancel_requested_at is None,
-            "resume": is_member and status in FINAL_STATUSES and run.checkpoint_count > 0,
-            "fork": is_member,
+            # An external run's second cancel ends it here (its script may be gone: services.request_cancel).
+            "cancel": is_member
+            and status in ACTIVE_STATUSES
+            and (run.cancel_requested_at is None or run.is_external),
+            # An external run trains in its script: nothing here can resume or fork it.
+            "resume": is_member
+            and status in FINAL_STATUSES
+            and run.checkpoint_count > 0
+            and not run.is_external,
+            "fork": is_member and not run.is_external,
             "share": is_member,
         },
     }

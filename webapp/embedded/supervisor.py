@@ -44,7 +44,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 
 from jobs.confine import make_undumpable
-from jobs.protocol import MAX_MESSAGE_BYTES
+from tributary.protocol import MAX_MESSAGE_BYTES
 
 HEALTH_TIMEOUT_S = 120.0
 WEB_STOP_TIMEOUT_S = 20.0

@@ -1,7 +1,7 @@
 """The three sockets of the web app.
 
 - ``IngestConsumer`` (``/ws/ingest/<run>/``, ``Authorization: Bearer <token>``): a worker ships one run's engine events
-  (protocol in ``jobs/protocol.py``). Events are stored, fanned out once committed
+  (protocol in ``client/tributary/protocol.py``). Events are stored, fanned out once committed
   (``webapp.live.announce``), then acknowledged.
 - ``RunConsumer`` (``/ws/runs/<run>/?after_seq=N[&share=T]``): a browser follows one run:
   stored events after N are replayed, then live ones follow, with no gap and no duplicate.
@@ -38,7 +38,7 @@ from engine.contracts import (
     CLOSE_UNAVAILABLE,
 )
 from engine.events import clean_text
-from jobs.protocol import (
+from tributary.protocol import (
     ATTACH_CLAIM,
     ATTACH_ENGINE_FROM,
     CLAIM_MAX_CHARS,
@@ -49,11 +49,12 @@ from jobs.protocol import (
     MAX_MESSAGE_BYTES,
     MSG_CLAIM,
 )
-from webapp.inputs import BIGINT_MAX
+from webapp.inputs import BIGINT_MAX, INT_MAX
 from webapp.live.announce import status_message
 from webapp.live.groups import ingest_group, project_group, run_group, share_group, user_group
 from webapp.live.replay import stored_events
 from webapp.runs.choices import RunStatus
+from webapp.runs.external import attach_script
 from webapp.runs.ingest import MAX_BIGINT, InvalidEvent, SeqGap, is_poison, stale_attempt_reason, store_events
 from webapp.runs.models import Run, ShareLink
 from webapp.runs.output import OutputRefused, decode_chunk, store_output
@@ -126,7 +127,13 @@ class _JsonSocket(AsyncWebsocketConsumer):
 
 
 class IngestConsumer(_JsonSocket):
-    """The worker's socket for one run. Only the token decides who may ship: no session."""
+    """The worker's socket for one run. Only the token decides who may ship: no session.
+
+    An external run's script (``webapp.runs.external``) speaks the same protocol: its ``attach``
+    claims nothing (the script holds its run) and records where it reports from; cancel,
+    ``hello.cancel`` and token renewal work for it as for a worker."""
+
+    external = False  # set at connect: the run is an external one
 
     async def connect(self) -> None:
         """Admit the worker of the run's current attempt (the token is read from the
@@ -151,6 +158,7 @@ class IngestConsumer(_JsonSocket):
             await self.refuse(CLOSE_BAD_TOKEN, stale_attempt_reason(self.run_id, self.attempt, run.attempt))
             return
         self.final = RunStatus(run.status).is_final
+        self.external = run.is_external
         self.token_issued = time.monotonic()
         self.last_heartbeat_write = time.monotonic()
         await self.channel_layer.group_add(ingest_group(self.run_id), self.channel_name)
@@ -171,7 +179,7 @@ class IngestConsumer(_JsonSocket):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """One message from the worker. Whatever it holds, the answer is an ack or a close
-        with a protocol code (``jobs/protocol.py``), 1011 only when the database failed."""
+        with a protocol code (``client/tributary/protocol.py``), 1011 only when the database failed."""
         if self.closed:
             return
         raw = text_data if text_data is not None else bytes_data or b""
@@ -208,14 +216,18 @@ class IngestConsumer(_JsonSocket):
                 await self.unavailable(f"ingest of run {self.run_id}")
                 return
             log.warning("run %s: a %s message the database cannot take: %s", self.run_id, kind, exc)
-            await self.refuse(CLOSE_BAD_MESSAGE, f"the {kind} message holds a value the database cannot store: {exc}")
+            await self.refuse(
+                CLOSE_BAD_MESSAGE, f"the {kind} message holds a value the database cannot store: {exc}"
+            )
 
     async def _events(self, events: Any) -> None:
         if not isinstance(events, list):
             await self.refuse(CLOSE_BAD_MESSAGE, "'events' must be a list of engine events")
             return
         if len(events) > MAX_BATCH_EVENTS:
-            await self.refuse(CLOSE_TOO_BIG, f"{len(events)} events in one message; the limit is {MAX_BATCH_EVENTS}")
+            await self.refuse(
+                CLOSE_TOO_BIG, f"{len(events)} events in one message; the limit is {MAX_BATCH_EVENTS}"
+            )
             return
         try:
             stored = await database_sync_to_async(store_events)(self.run_id, events, attempt=self.attempt)
@@ -251,9 +263,7 @@ class IngestConsumer(_JsonSocket):
             stream, offset, data = decode_chunk(
                 message.get("stream"), message.get("offset"), message.get("data")
             )
-            held = await database_sync_to_async(store_output)(
-                self.run_id, self.attempt, stream, offset, data
-            )
+            held = await database_sync_to_async(store_output)(self.run_id, self.attempt, stream, offset, data)
         except OutputRefused as exc:
             await self.refuse(CLOSE_BAD_MESSAGE, str(exc))
             return
@@ -291,9 +301,20 @@ class IngestConsumer(_JsonSocket):
             return
         engine_from = message.get(ATTACH_ENGINE_FROM)
         if engine_from is not None and (
-            isinstance(engine_from, bool) or not isinstance(engine_from, int) or not 0 <= engine_from <= BIGINT_MAX
+            isinstance(engine_from, bool)
+            or not isinstance(engine_from, int)
+            or not 0 <= engine_from <= BIGINT_MAX
         ):
-            await self.refuse(CLOSE_BAD_MESSAGE, f"attach: '{ATTACH_ENGINE_FROM}' must be a seq (an integer >= 0)")
+            await self.refuse(
+                CLOSE_BAD_MESSAGE, f"attach: '{ATTACH_ENGINE_FROM}' must be a seq (an integer >= 0)"
+            )
+            return
+        if self.external:  # the script holds its run: no claim to win, no queue order
+            pid = message.get("pid")
+            valid_pid = isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= INT_MAX
+            await database_sync_to_async(attach_script)(self.run_id, host, pid if valid_pid else None)
+            if claim:
+                await self.send_message({"type": MSG_CLAIM, "won": True, "message": ""})
             return
         answer = await database_sync_to_async(claim_run)(
             self.run_id, host, claim or "", getattr(self, "attempt", None), engine_from
@@ -315,7 +336,11 @@ def _run_for_viewer(user: Any, run_id: int | None, share: str) -> tuple[Run, str
     if share:
         link = None
         if run_id and len(share) <= MAX_SHARE_TOKEN and "\x00" not in share:
-            link = ShareLink.objects.select_related("run__project__team").filter(token=share, revoked_at=None).first()
+            link = (
+                ShareLink.objects.select_related("run__project__team")
+                .filter(token=share, revoked_at=None)
+                .first()
+            )
         if link is None or link.run_id != run_id:
             raise NotFound(f"run {run_id} not found")
         return link.run, share_group(link.pk)
@@ -356,7 +381,9 @@ class _Revocable(_JsonSocket):
             await self.unavailable("re-checking a browser socket's access")
             return
         if not allowed:
-            await self.refuse(CLOSE_REVOKED, f"access revoked: {message.get('why') or 'you may no longer see this'}")
+            await self.refuse(
+                CLOSE_REVOKED, f"access revoked: {message.get('why') or 'you may no longer see this'}"
+            )
 
 
 class RunConsumer(_Revocable):
@@ -396,17 +423,23 @@ class RunConsumer(_Revocable):
             await self.unavailable(f"run socket of run {self.run_id}")
 
     async def may_still_see(self) -> bool:
-        return await database_sync_to_async(_may_still_see_run)(self.scope.get("user"), self.run_id, self.share)
+        return await database_sync_to_async(_may_still_see_run)(
+            self.scope.get("user"), self.run_id, self.share
+        )
 
     async def _catch_up(self, upto_seq: int) -> None:
         if upto_seq <= self.cursor:
             return
-        chunks = await database_sync_to_async(lambda: list(stored_events(self.run_id, self.cursor, upto_seq)))()
+        chunks = await database_sync_to_async(
+            lambda: list(stored_events(self.run_id, self.cursor, upto_seq))
+        )()
         for events in chunks[:-1]:
             await self.send_message({"type": "events", "events": events, "last_seq": events[-1]["seq"]})
         # The last message carries the cursor to reconnect with, even when the tail holds only
         # status and heartbeat events (not stored as rows, so not replayed).
-        await self.send_message({"type": "events", "events": chunks[-1] if chunks else [], "last_seq": upto_seq})
+        await self.send_message(
+            {"type": "events", "events": chunks[-1] if chunks else [], "last_seq": upto_seq}
+        )
         self.cursor = upto_seq
 
     async def run_events(self, message: dict[str, Any]) -> None:

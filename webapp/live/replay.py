@@ -79,4 +79,3 @@ def _events_between(run_id: int, low: int, high: int) -> list[dict[str, Any]]:
         events.append({"seq": line.seq, "type": "log", "level": line.level, "message": line.message})
     events.sort(key=lambda e: e["seq"])
     return events
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from webapp.pages import home, settings, workers
+from webapp.pages import home, imports, settings, workers
 
 urlpatterns = [
     path("", home.home, name="home"),
@@ -17,6 +17,7 @@ urlpatterns = [
     path("settings/tokens/", settings.token_create, name="settings-token-create"),
     path("settings/tokens/<int:token_id>/revoke/", settings.token_revoke, name="settings-token-revoke"),
     path("settings/password/", settings.PasswordChange.as_view(), name="settings-password"),
+    path("projects/<int:project_id>/import/verl/", imports.import_verl, name="project-import-verl"),
     path("", include("webapp.pages.teams.urls")),
     path("", include("webapp.pages.runs.urls")),
     path("", include("webapp.pages.launch.urls")),

@@ -66,6 +66,15 @@ if set(RunStatus.values) != set(RUN_STATES):  # a state added on one side only: 
     raise RuntimeError(f"RunStatus {sorted(RunStatus.values)} differs from engine.contracts.RUN_STATES")
 
 
+class RunOrigin(models.TextChoices):
+    """Where a run trains. An engine run is queued to a worker, which starts Tributary's engine;
+    an external run trains in the user's own script (the client library, verl's files, TRL's
+    callback), which creates it through the API and ships its events itself: no queue, no worker."""
+
+    ENGINE = "engine", "Engine"
+    EXTERNAL = "external", "External"
+
+
 class ParentKind(models.TextChoices):
     FORK = "fork", "Fork"  # a new run from the parent's config with changes
     # Runs made before a resume continued the same run: a child that continued its parent from one

@@ -208,19 +208,26 @@ def delete_run(run: Run, confirmation: object) -> Purged:
         # A child's parent link goes with its kind (the model's constraint: both or neither).
         Run.objects.filter(parent=locked).update(parent=None, parent_kind="")
         Checkpoint.objects.filter(run=locked).delete()
-        run_id, queue, host = locked.pk, locked.queue, locked.worker_host
+        run_id, queue, host, external = locked.pk, locked.queue, locked.worker_host, locked.is_external
         locked.delete()
         announce.access_changed(run_group(run_id), "the run was deleted")
-        here = _reachable(run_id)
+        here = not external and _reachable(run_id)
         # Files only once the rows are gone for good: a rolled-back delete keeps its checkpoints.
         transaction.on_commit(lambda: _remove_full_log(run_id))
-        if here:
+        if external:
+            pass  # its script's files are on the user's machine: no worker holds any
+        elif here:
             transaction.on_commit(lambda: _remove_here(run_id))
         else:
             transaction.on_commit(lambda: _ask_worker(run_id, queue, host))
-    return Purged(
-        run_id=run_id, name=locked.name, held=held, files="removed here" if here else f"sent to queue {queue}"
+    files = (
+        "none on a worker (an external run)"
+        if external
+        else "removed here"
+        if here
+        else f"sent to queue {queue}"
     )
+    return Purged(run_id=run_id, name=locked.name, held=held, files=files)
 
 
 def _reachable(run_id: int) -> bool:
@@ -250,7 +257,9 @@ def _remove_full_log(run_id: int) -> None:
     try:
         full_log_path(run_id).unlink(missing_ok=True)
     except OSError:
-        log.exception("run %s: deleted, but its full log %s could not be removed", run_id, full_log_path(run_id))
+        log.exception(
+            "run %s: deleted, but its full log %s could not be removed", run_id, full_log_path(run_id)
+        )
 
 
 def _ask_worker(run_id: int, queue: str, host: str) -> None:

@@ -41,6 +41,7 @@ from django.utils import timezone
 from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, ENGINE_FINAL_STATES, ENGINE_STATES, EVENT_TYPES
 from engine.events import clean, clean_text
 from webapp.alerts import monitor
+from webapp.analysis import summaries
 from webapp.live import announce
 from webapp.runs.bulk import PointRow, insert_metric_points
 from webapp.runs.choices import LogLevel, RunStatus
@@ -188,7 +189,7 @@ def _mark_tail(run: Run, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
     engine went on to checkpoint and write its final status, and none of it reached the web app
     (a directory the web app can read is stored at the resume: ``services.store_dead_tail``). The
     new supervisor's shipper sends those seqs first: they are the earlier attempt's, and the
-    supervisor said where they end (``engine_from`` in ``attach``, ``jobs/protocol.py``). They are
+    supervisor said where they end (``engine_from`` in ``attach``, ``client/tributary/protocol.py``). They are
     stored under that attempt's number, and their statuses, final included, as words only: a dead
     engine's "cancelled" must not end the attempt that resumed it."""
     until = getattr(run, "engine_from", None)
@@ -506,6 +507,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     # ignore_conflicts: a row already stored (the same event under an older cursor, or an
     # engine logging a metric twice in one step) keeps its first value.
     insert_metric_points(points)
+    summaries.record(points)  # the runs table's last/min/max per metric (webapp.analysis)
     alert_state = monitor.observe(run, fresh)
     Sample.objects.bulk_create(samples, batch_size=500, ignore_conflicts=True)
     Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
@@ -556,6 +558,7 @@ def _supersede(run: Run, fresh: list[dict[str, Any]]) -> int:
     Sample.objects.filter(**older).update(superseded=True)
     Checkpoint.objects.filter(**older).update(superseded=True)
     if hidden:
+        summaries.rebuild(run.pk)  # a rewound history's min, max and last value
         log.info("run %s: attempt %d resumed at step %d: %d points superseded", run.pk, number, first, hidden)
     return min(run.last_step, first - 1)
 

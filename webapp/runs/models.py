@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import secrets
 from typing import Any
 
@@ -8,7 +9,7 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
-from webapp.runs.choices import FINAL_STATUSES, TRANSITIONS, LogLevel, ParentKind, RunStatus
+from webapp.runs.choices import FINAL_STATUSES, TRANSITIONS, LogLevel, ParentKind, RunOrigin, RunStatus
 from webapp.teams.models import Project, Team
 
 
@@ -38,7 +39,9 @@ class Run(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
     config = models.JSONField(
-        default=dict, help_text="The engine RunConfig, validated by the engine's schema."
+        default=dict,
+        help_text="An engine run's RunConfig, validated by the engine's schema; an external run's "
+        "free-form config from its script (bounded, never validated or executed).",
     )
     tags = models.JSONField(default=list, blank=True)
     notes = models.TextField(blank=True)
@@ -82,6 +85,23 @@ class Run(models.Model):
         default=1,
         help_text="The number of the run's current RunAttempt (1 for its launch, + 1 for each resume); "
         "its events are stored under it.",
+    )
+
+    origin = models.CharField(
+        max_length=16,
+        choices=RunOrigin.choices,
+        default=RunOrigin.ENGINE,
+        help_text="engine: a worker runs Tributary's engine; external: the user's own script trains "
+        "and ships its events (no queue, no worker).",
+    )
+    client_id = models.UUIDField(
+        null=True,
+        blank=True,
+        help_text="An external run's id chosen by its script: creating it again with the same id in "
+        "the same project returns this run (a restarted script, a retried request).",
+    )
+    client_pid = models.PositiveIntegerField(
+        null=True, blank=True, help_text="An external run's script's process id, from its ingest attach."
     )
 
     parent = models.ForeignKey(
@@ -132,9 +152,13 @@ class Run(models.Model):
     )
     # Health alerts (webapp.alerts): kept on the row ingest already locks and updates, so the
     # rules cost no query of their own per batch (bench/alerts.py).
-    alert_state = models.JSONField(default=dict, blank=True, help_text="Each health rule's state between batches.")
+    alert_state = models.JSONField(
+        default=dict, blank=True, help_text="Each health rule's state between batches."
+    )
     alert_overrides = models.JSONField(
-        default=dict, blank=True, help_text="This run's health rule settings over its project's: {rule: {...}}."
+        default=dict,
+        blank=True,
+        help_text="This run's health rule settings over its project's: {rule: {...}}.",
     )
 
     class Meta:
@@ -149,6 +173,11 @@ class Run(models.Model):
                 condition=models.Q(parent__isnull=True, parent_kind="")
                 | models.Q(parent__isnull=False, parent_kind__in=ParentKind.values),
                 name="run_parent_has_kind",
+            ),
+            models.UniqueConstraint(
+                fields=["project", "client_id"],
+                condition=models.Q(client_id__isnull=False),
+                name="run_one_per_project_client_id",
             ),
         ]
 
@@ -241,6 +270,12 @@ class Run(models.Model):
         self.transition(RunStatus.LOST, message=message)
 
     @property
+    def is_external(self) -> bool:
+        """It trains in the user's own script: nothing here may queue, place, re-send, resume or
+        mark it lost for a silent worker (it has none)."""
+        return self.origin == RunOrigin.EXTERNAL
+
+    @property
     def status_badge(self) -> str:
         return RunStatus(self.status).badge
 
@@ -285,11 +320,21 @@ class MetricPoint(models.Model):
         return f"{self.name}@{self.step}={self.value}"
 
 
+def prompt_hash(prompt: str) -> str:
+    """The MD5 hex digest of a prompt's UTF-8 text: ``Sample.prompt_hash``, which the indexes find a
+    prompt's samples by (a prompt is free text of any length; a B-tree cannot index it whole on
+    PostgreSQL, and equality on 32 characters is cheap on both databases). Not a security hash: a
+    collision would only put a different prompt's samples beside it, and readers compare the text."""
+    return hashlib.md5(prompt.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()
+
+
 class Sample(models.Model):
     """One rollout of a samples event; ``index`` is its position among the event's items.
 
     Text search is ``__search`` on prompt/completion (``webapp.runs.lookups``): ILIKE on
     PostgreSQL, which the trigram GIN indexes of migration 0002 serve (SQLite scans a run's samples).
+    The same prompt's samples, in this run or another, are found by ``prompt_hash`` (set from
+    ``prompt`` whenever a Sample is built with one or saved, so ``bulk_create`` at ingest fills it).
     """
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
@@ -305,6 +350,9 @@ class Sample(models.Model):
     extra = models.JSONField(default=dict, blank=True)
     attempt = models.PositiveIntegerField(default=1, help_text="The RunAttempt.number that logged it.")
     superseded = models.BooleanField(default=False, help_text="A later attempt logged its step again.")
+    prompt_hash = models.CharField(
+        max_length=32, blank=True, default="", help_text="MD5 of the prompt text (runs.models.prompt_hash)."
+    )
 
     class Meta:
         constraints = [
@@ -314,7 +362,20 @@ class Sample(models.Model):
             models.Index(fields=["run", "step"], name="sample_run_step"),
             models.Index(fields=["run", "reward"], name="sample_run_reward"),
             models.Index(fields=["run", "length"], name="sample_run_length"),
+            # A prompt's samples: in one run (follow, compare) and across a project's runs (compare's choice).
+            models.Index(fields=["prompt_hash", "run", "step"], name="sample_prompt_run_step"),
         ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Keyword construction is how new rows are built (ingest, tests); rows read from the database
+        # come positionally with their stored hash.
+        if "prompt" in kwargs and not kwargs.get("prompt_hash"):
+            kwargs["prompt_hash"] = prompt_hash(kwargs["prompt"])
+        super().__init__(*args, **kwargs)
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.prompt_hash = prompt_hash(self.prompt)
+        super().save(*args, **kwargs)
 
     def item(self) -> dict[str, Any]:
         """The rollout as an item of the event protocol's ``samples`` event."""

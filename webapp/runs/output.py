@@ -5,7 +5,10 @@ Two copies, for two uses:
 
 - the whole file, byte for byte, in ``<data dir>/run-logs/<run id>.log`` (``full_log_path``): the
   run page offers it for download. Its committed length is ``Run.output_file_bytes``; bytes past it
-  (written by a transaction that then failed) are cut before the next chunk is appended.
+  (written by a transaction that then failed) are cut before the next chunk is appended. The file
+  stops growing at ``settings.FULL_LOG_MAX_BYTES`` with a line that says so (``kept_bytes``):
+  ``output_file_bytes`` goes on counting, so line offsets stay one byte space, and the lines past
+  the cap still reach the Logs tab.
 - its lines, as ``OutputLine`` rows for the Logs tab (level guessed from the text, searchable,
   live): only the newest ``OUTPUT_LINES_KEPT`` of a run are kept (``Run.output_lines_dropped``
   counts the rest, which the page says, pointing at the download).
@@ -29,18 +32,21 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
+from django.http import StreamingHttpResponse
 from django.utils import timezone
 
 from engine.contracts import CLOSE_BAD_TOKEN
 from engine.events import clean_text
 from engine.output_lines import split_lines
-from jobs.protocol import OUTPUT_CHUNK_BYTES, OUTPUT_STREAM_MAX_CHARS
+from tributary.protocol import OUTPUT_CHUNK_BYTES, OUTPUT_STREAM_MAX_CHARS
 from webapp.live import announce
 from webapp.runs.models import OutputLine, Run
 from webapp.runs.tokens import TokenRejected
@@ -48,6 +54,10 @@ from webapp.runs.tokens import TokenRejected
 OUTPUT_LINES_KEPT = 5000
 LIVE_LINES = 1000  # lines of one chunk sent to the pages live
 FULL_LOG_DIR = "run-logs"
+
+
+class NoOutputYet(LookupError):
+    """The run's engine has written no output the web app holds (no full log to download)."""
 
 
 class OutputRefused(ValueError):
@@ -90,6 +100,21 @@ def _ts(value: datetime) -> float:
     return value.timestamp()
 
 
+def _cap_line(cap: int) -> bytes:
+    return (
+        f"\n----- the web app keeps the first {cap / 2**20:g} MiB of this run's output (FULL_LOG_MAX_MB); "
+        "the engine.log in the run's directory on its worker has all of it -----\n"
+    ).encode()
+
+
+def kept_bytes(output_file_bytes: int) -> int:
+    """The length of the web app's full log file when ``output_file_bytes`` of output are counted:
+    all of it up to the cap, then the cap and the line that says so."""
+    cap = settings.FULL_LOG_MAX_BYTES
+    size = max(output_file_bytes, 0)
+    return size if size <= cap else cap + len(_cap_line(cap))
+
+
 def store_output(run_id: int, attempt: int, stream: str, offset: int, data: bytes) -> int:
     """Store bytes of the output file ``stream`` from its byte ``offset`` on, shipped by the worker
     of ``attempt``; see the module docstring. Returns the cursor after it (what the socket acks).
@@ -114,9 +139,15 @@ def store_output(run_id: int, attempt: int, stream: str, offset: int, data: byte
         path = full_log_path(run_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         start = run.output_file_bytes + len(prefix)
+        cap = settings.FULL_LOG_MAX_BYTES
+        blob = prefix + data
         with path.open("ab") as fh:
-            fh.truncate(run.output_file_bytes)  # what a failed transaction wrote after the committed end
-            fh.write(prefix + data)
+            fh.truncate(
+                kept_bytes(run.output_file_bytes)
+            )  # what a failed transaction wrote after the committed end
+            fh.write(blob[: max(0, cap - run.output_file_bytes)])
+            if run.output_file_bytes <= cap < run.output_file_bytes + len(blob):
+                fh.write(_cap_line(cap))
             fh.flush()
             os.fsync(fh.fileno())  # on disk before the cursor that counts it commits
         now = timezone.now()
@@ -160,3 +191,64 @@ def output_lines(run: Run, *, after: int = -1, limit: int = 500) -> list[OutputL
     rows = list(OutputLine.objects.filter(run=run, offset__gt=after).order_by("-offset")[:limit])
     rows.reverse()
     return rows
+
+
+def output_page(run: Run, *, after: int = -1, limit: int = 500) -> dict[str, Any]:
+    """The kept output lines after byte ``after``, oldest first, for paging forward (the API):
+    ``next_after`` goes on from the last, ``dropped`` counts lines no longer kept as rows (the
+    full log has them)."""
+    rows = list(OutputLine.objects.filter(run=run, offset__gt=after).order_by("offset")[: limit + 1])
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "items": [{"offset": r.offset, "level": r.level, "message": r.message, "time": r.time} for r in rows],
+        "next_after": rows[-1].offset if rows else after,
+        "has_more": has_more,
+        "dropped": run.output_lines_dropped,
+        "full_log_bytes": kept_bytes(run.output_file_bytes),
+    }
+
+
+def full_log_response(run: Run, *, asynchronous: bool, missing_ok: bool = False) -> StreamingHttpResponse:
+    """The run's full engine output as received so far (its committed part, ``kept_bytes``),
+    streamed as a text file download. None yet: ``NoOutputYet``, or an empty file with
+    ``missing_ok``. Under ASGI the body is an async iterator: Django reads a sync iterator whole
+    into memory there first."""
+    path = full_log_path(run.pk)
+    size = kept_bytes(run.output_file_bytes)
+    if size and not path.is_file():
+        size = 0
+    if not size and not missing_ok:
+        raise NoOutputYet(
+            f"run {run.pk}'s engine has written no output yet (its worker sends it as the run goes)"
+        )
+    blocks = _blocks(path, size)
+    response = StreamingHttpResponse(
+        _async_blocks(blocks) if asynchronous else blocks, content_type="text/plain; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-engine.log"'
+    response["Content-Length"] = str(size)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _blocks(path: Path, size: int, block: int = 256 * 1024) -> Iterator[bytes]:
+    """The first ``size`` bytes of the file (its committed part: a chunk being stored may be
+    past it), in blocks, so a long log is never held in memory whole."""
+    if size <= 0:
+        return
+    with path.open("rb") as handle:
+        left = size
+        while left > 0:
+            data = handle.read(min(block, left))
+            if not data:
+                return
+            left -= len(data)
+            yield data
+
+
+async def _async_blocks(blocks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """``blocks`` for an ASGI server, each read in a worker thread."""
+    read = sync_to_async(next, thread_sensitive=False)
+    while (data := await read(blocks, None)) is not None:
+        yield data

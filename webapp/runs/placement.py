@@ -11,6 +11,9 @@ with ("2nd in queue 'cpu' (1 queued run ahead); worker vm is running demo-dapo (
 refreshed by the web process every ``ROUTE_EVERY`` seconds (workers come and go), and at once
 after every status change that can move a queue (``webapp.live.announce.status_changed``: a run
 ahead started, finished or was cancelled), so an open page learns its new place without a poll.
+
+External runs (``Run.origin``) have no queue and no worker: their script ships their events, so
+none is placed, counted in a queue, or given waiting words here (``EXTERNAL_WAITING`` is theirs).
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from engine.config import ConfigError
 from jobs.capabilities import missing, requirements
 from jobs.registry import WorkerEntry, registry_from_env
 from webapp.live import announce
-from webapp.runs.choices import RunStatus
+from webapp.runs.choices import RunOrigin, RunStatus
 from webapp.runs.models import Run
 
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
 WAITING = "Waiting for a worker: "
+EXTERNAL_WAITING = "waiting for its script to connect"
 ROUTE_EVERY = 10.0
 NAMED_PER_WORKER = 3
 """Runs named per busy worker in a waiting message; beyond them, how many more."""
@@ -92,14 +96,23 @@ def waiting_reason(config: dict[str, Any], queue: str, workers: list[WorkerEntry
     return ""
 
 
-def taken_by(host: str) -> str:
+def taken_by(host: str, *, external: bool = False, pid: int | None = None) -> str:
     """The status line of a run a worker just took, until the worker and the engine say more
-    (``jobs.supervisor``, ``engine.phases``): the waiting message must not outlive the wait."""
+    (``jobs.supervisor``, ``engine.phases``): the waiting message must not outlive the wait.
+    An external run's script attached: where it reports from, until its own first status."""
+    if external:
+        return f"its script is reporting from {reporting_from(host, pid)}"
     return (
         f"worker {host} took the run: starting the engine"
         if host
         else "a worker took the run: starting the engine"
     )
+
+
+def reporting_from(host: str, pid: int | None) -> str:
+    """``gpu-7 (pid 123)``: where an external run's script runs, from its ingest ``attach``."""
+    where = host or "an unnamed host"
+    return f"{where} (pid {pid})" if pid else where
 
 
 def ordinal(n: int) -> str:
@@ -120,14 +133,20 @@ class QueueView:
 
     @classmethod
     def read(cls, queue: str, workers: list[WorkerEntry]) -> QueueView:
-        queued = list(Run.objects.filter(status=RunStatus.QUEUED, queue=queue).order_by("queued_at", "id"))
+        queued = list(
+            Run.objects.filter(status=RunStatus.QUEUED, queue=queue, origin=RunOrigin.ENGINE).order_by(
+                "queued_at", "id"
+            )
+        )
         serving = [w for w in workers if queue in w.capabilities.queues]
         hosts = {w.capabilities.host for w in serving}
         ids = {int(r) for w in serving for r in w.running if r.isdigit()}
         active = (
             list(
-                Run.objects.filter(status__in=(RunStatus.STARTING, RunStatus.RUNNING))
-                .filter(Q(worker_host__in=hosts) | Q(pk__in=ids))
+                Run.objects.filter(
+                    status__in=(RunStatus.STARTING, RunStatus.RUNNING), origin=RunOrigin.ENGINE
+                )
+                .filter(Q(worker_host__in=hosts) | Q(pk__in=ids))  # a script on a worker's machine is not its
                 .only("id", "name", "worker_host")
                 .order_by("started_at", "id")
             )
@@ -171,7 +190,7 @@ def refresh_waiting(run: Run, workers: list[WorkerEntry], view: QueueView | None
     """Set a queued run's message to why it waits; True if it changed.
 
     ``view``: its queue, read once for all of its runs (``refresh_all_waiting``)."""
-    if run.status != RunStatus.QUEUED:
+    if run.status != RunStatus.QUEUED or run.is_external:
         return False
     try:
         reason = waiting_reason(run.config, run.queue, workers)
@@ -201,7 +220,11 @@ def refresh_waiting(run: Run, workers: list[WorkerEntry], view: QueueView | None
 
 def refresh_all_waiting() -> int:
     """``refresh_waiting`` for every queued run, each queue read once; returns how many messages changed."""
-    queues = set(Run.objects.filter(status=RunStatus.QUEUED).values_list("queue", flat=True).distinct())
+    queues = set(
+        Run.objects.filter(status=RunStatus.QUEUED, origin=RunOrigin.ENGINE)
+        .values_list("queue", flat=True)
+        .distinct()
+    )
     if not queues:
         return 0
     workers = live_workers()

@@ -29,6 +29,9 @@ Never twice. A re-send of a message that was not lost (or a broker redelivery) l
 messages for one run; the exclusive claim (``webapp.live.consumers._claim``) lets one supervisor
 start the engine and ends the other's task.
 
+External runs (``Run.origin``) are never sent: their script, not a worker, trains them, so they
+have no message to lose, and they never stand in an engine run's queue order.
+
 Concurrency. Every pass holds a process lock and, on PostgreSQL, a transaction-scoped advisory
 lock, so web replicas reconciling at once re-send a run once (the second sees the first's
 message). A run committed within ``SEND_GRACE_S`` is skipped: ``create_run`` publishes its message
@@ -54,7 +57,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.app import SUPERVISE_TASK, broker_folder, broker_settings
-from webapp.runs.choices import RunStatus
+from webapp.runs.choices import RunOrigin, RunStatus
 from webapp.runs.models import Run
 from webapp.runs.queueing import queue_run
 
@@ -211,7 +214,9 @@ def _exclusive(wait: bool) -> Iterator[bool]:
 
 
 def _queued(queue: str | None = None) -> list[Run]:
-    runs = Run.objects.filter(status=RunStatus.QUEUED, cancel_requested_at__isnull=True)
+    runs = Run.objects.filter(
+        status=RunStatus.QUEUED, cancel_requested_at__isnull=True, origin=RunOrigin.ENGINE
+    )
     if queue is not None:
         runs = runs.filter(queue=queue)
     return list(runs.select_related("resume_from").order_by("queued_at", "id")[:MAX_QUEUED])

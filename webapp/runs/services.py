@@ -46,6 +46,21 @@ class RunConfigInvalid(ValueError):
         super().__init__("; ".join(f"{path}: {message}" for path, message in problems))
 
 
+class ProjectArchived(ValueError):
+    """No run is launched or resumed in an archived project (a link or a script may still reach it)."""
+
+    def __init__(self, project: Project) -> None:
+        super().__init__(
+            f"project {project.team.slug}/{project.slug} is archived: restore it (its team's page, Archived "
+            "view) to launch or resume runs in it"
+        )
+
+
+def check_project_open(project: Project) -> None:
+    if project.archived_at is not None:
+        raise ProjectArchived(project)
+
+
 class CannotResume(ValueError):
     """The run has no checkpoint to resume from (or not the one asked for), or is still running."""
 
@@ -97,6 +112,7 @@ def create_run(
 ) -> Run:
     """Validate, store and queue a run (its attempt 1: ``Run.save``); the task is sent after the
     transaction commits. A resume is no new run: ``resume_run`` queues the same one again."""
+    check_project_open(project)
     validated = validate_run_config(config, reward_policy_for(project, user))
     workers = placement.live_workers()  # one registry read serves the queue choice and the waiting message
     queue = placement.resolve_queue(_check_queue(queue), validated, workers)
@@ -128,11 +144,19 @@ def request_cancel(run: Run, message: str = "") -> Run:
     The worker stops the engine (SIGTERM, then SIGKILL after a grace period); the engine's
     own ``cancelled`` status event ends the run, with a checkpoint to resume from. A run
     already final is refused with ``InvalidTransition``.
+
+    An external run's script is told the same way (``run.should_stop()``), and its own final
+    status ends the run. A script that died cannot answer, and no sweeper marks an external run
+    lost, so a second cancel of it ends the run here at once (``webapp.runs.external``).
     """
     message = message or "cancelled by a user"
     run.refresh_from_db()
     if RunStatus(run.status) in FINAL_STATUSES:
         raise InvalidTransition(run.pk, run.status, RunStatus.CANCELLED)
+    if run.is_external and run.cancel_requested_at is not None:
+        run.cancel(f"{message}: ended here, its script did not stop after the first cancel")
+        announce.status_changed(run.pk)
+        return run
     if run.status == RunStatus.QUEUED:
         try:
             run.cancel(message)
@@ -151,6 +175,11 @@ def fork_run(
     parent: Run, user: Any, changes: dict[str, Any] | None = None, *, name: str = "", queue: str = ""
 ) -> Run:
     """A new run from the parent's config with ``changes`` merged in (nested keys merge)."""
+    if parent.is_external:
+        raise CannotResume(
+            f"run {parent.pk} is an external run: its config is its script's, not an engine config, so it "
+            "cannot be forked; launch an engine run, or run the script again"
+        )
     config = deep_merge(parent.config, changes or {})
     return create_run(
         parent.project,
@@ -171,12 +200,12 @@ def store_dead_tail(run: Run) -> int:
     of truth and its engine went on long enough to checkpoint (it does when its supervisor
     dies). When this web process can read the run's own directory (``<runs dir>/<run id>``,
     as a worker would write it: the same machine, or shared storage), the events after the
-    stored cursor are read as the worker would ship them (``jobs.shipper.EventLog``: complete
+    stored cursor are read as the worker would ship them (``tributary.shipper.EventLog``: complete
     lines only) and stored through the ingest path (idempotent; a status the lost run cannot
     take is kept as a log line). Only that directory is read, and only events of this run.
     """
-    from jobs.shipper import EventLog
     from jobs.supervisor import EVENTS_FILE, runs_dir
+    from tributary.shipper import EventLog
 
     base = runs_dir() / str(run.pk)
     path = base / EVENTS_FILE
@@ -230,8 +259,14 @@ def resume_run(run: Run, user: Any, checkpoint: Checkpoint | None = None, *, que
     attempt starts from that checkpoint.
     """
     run.refresh_from_db()
+    if run.is_external:
+        raise CannotResume(
+            f"run {run.pk} is an external run: its own script trains it, so only the script can continue "
+            "it (run it again with the same client_id while the run is active, or start a new run)"
+        )
     if RunStatus(run.status) not in FINAL_STATUSES:
         raise CannotResume(f"run {run.pk} is {run.status}: cancel it first, then resume")
+    check_project_open(run.project)
     if run.status == RunStatus.LOST:
         store_dead_tail(run)
         run.refresh_from_db()
@@ -304,7 +339,7 @@ def claim_run(
 ) -> tuple[bool, str] | None:
     """A worker attached to the run's ingest socket: a queued run becomes starting on that host (the engine confirms).
 
-    With a ``claim`` id (see ``jobs/protocol.py``) the start is exclusive and the answer is
+    With a ``claim`` id (see ``client/tributary/protocol.py``) the start is exclusive and the answer is
     ``(won, why not)``: the conditional UPDATE queued -> starting records the claim, so of two
     supervisors holding copies of the run's message (a broker redelivery, a reconciler's re-send)
     exactly one wins; the winner reconnecting with the same claim keeps the run. Before that, the
@@ -338,7 +373,9 @@ def claim_run(
                 return False, stale_attempt_reason(run_id, attempt, run.attempt)
             try:
                 # The waiting message goes: the worker's and the engine's phases follow (issue 15).
-                run.transition(RunStatus.STARTING, worker_host=host, claim=claim, message=placement.taken_by(host))
+                run.transition(
+                    RunStatus.STARTING, worker_host=host, claim=claim, message=placement.taken_by(host)
+                )
                 if engine_from is not None:  # the seqs an earlier engine left in the log (ingest: its tail)
                     RunAttempt.objects.filter(run_id=run.pk, number=run.attempt_number).update(
                         engine_from_seq=engine_from
@@ -349,7 +386,9 @@ def claim_run(
                 pass
     if run.status != RunStatus.QUEUED and run.claim == claim:
         # The holder reconnecting: it keeps the run, to ship its tail even once the run is final.
-        if not RunStatus(run.status).is_final:  # liveness, not progress (a reconnect is no sign the engine trains)
+        if not RunStatus(
+            run.status
+        ).is_final:  # liveness, not progress (a reconnect is no sign the engine trains)
             Run.objects.filter(pk=run_id, claim=claim).update(worker_host=host, worker_seen_at=timezone.now())
         return True, ""
     if run.status in (RunStatus.STARTING, RunStatus.RUNNING):

@@ -17,10 +17,14 @@ the run looking alive, and the lost message says which of the two happened.
 One phase may have no events to count: while a run is ``starting``, its engine process is
 importing Python, torch and its modules before its heartbeat thread exists (tens of seconds on
 a loaded machine; the worker's own log lines about the launch may come first). There the
-worker's liveness counts too, with room for its pings (``jobs.protocol.PING_INTERVAL_S``): a
+worker's liveness counts too, with room for its pings (``tributary.protocol.PING_INTERVAL_S``): a
 starting run is lost when its worker has not been heard from for ``max(LOST_AFTER, 2 pings)``,
 or when nothing of it was stored for ``STARTUP_LIMIT_FACTOR`` times ``LOST_AFTER``, however
 alive the worker. A running run is judged on progress alone.
+
+External runs (``Run.origin``) are never swept: no worker holds them, and their script keeps
+its events on disk while the web app cannot hear it (offline first), shipping them later; a run
+marked lost would refuse them. The run page says when it last heard from the script.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.protocol import PING_INTERVAL_S
+from tributary.protocol import PING_INTERVAL_S
 from webapp.live import announce
-from webapp.runs.choices import RunStatus
+from webapp.runs.choices import RunOrigin, RunStatus
 from webapp.runs.models import InvalidTransition, Run
 
 log = logging.getLogger(__name__)
@@ -76,7 +80,9 @@ def sweep_lost_runs(now: datetime | None = None, lost_after: float | None = None
     now = now or timezone.now()
     limit = timedelta(seconds=settings.LOST_AFTER if lost_after is None else lost_after)
     silent = Run.objects.filter(
-        status__in=[RunStatus.STARTING, RunStatus.RUNNING], heartbeat_at__lt=now - limit
+        status__in=[RunStatus.STARTING, RunStatus.RUNNING],
+        heartbeat_at__lt=now - limit,
+        origin=RunOrigin.ENGINE,
     )
     # A worker waiting for its engine's first event pings every PING_INTERVAL_S: leave room for two.
     seen_limit = max(limit, timedelta(seconds=2 * PING_INTERVAL_S))

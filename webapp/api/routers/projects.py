@@ -23,10 +23,12 @@ from webapp.api.schemas import (
     TeamOut,
 )
 from webapp.inputs import BIGINT_MAX, parse_id
+from webapp.runs import housekeeping as run_housekeeping
 from webapp.runs import selectors
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import Run
 from webapp.runs.services import create_run
+from webapp.teams import projects as team_projects
 from webapp.teams.access import project_for, role_in, team_for
 from webapp.teams.choices import Role
 from webapp.teams.models import Project
@@ -39,6 +41,9 @@ TEXT = Query("", max_length=200, description="Text in the run's name or notes (c
 CREATED_BY = Query("", description="'me', a user id, or a username.")
 SORT = Query("-created_at", description="Order; '-' for descending. Ties: newest first.")
 LIMIT = Query(50, ge=1, le=500)
+ARCHIVED = Query(
+    False, description="true: the archived ones instead of the listed ones, as the pages' Archived view."
+)
 OFFSET = Query(0, ge=0, le=BIGINT_MAX)
 
 RunSort = Literal[
@@ -72,10 +77,13 @@ def get_team(request: HttpRequest, team_id: Id) -> dict[str, Any]:
     response={200: list[ProjectOut], **READ},
     summary="A team's projects (viewer)",
 )
-def list_projects(request: HttpRequest, team_id: Id) -> list[dict[str, Any]]:
+def list_projects(request: HttpRequest, team_id: Id, archived: bool = ARCHIVED) -> list[dict[str, Any]]:
+    """The team's projects as its page lists them (archived ones with ``archived=true``)."""
     team = team_for(request.auth, team_id, Role.VIEWER)
     role = role_in(request.auth, team.pk)
-    projects = list(team.projects.select_related("team"))
+    projects = list(
+        (team_projects.archived if archived else team_projects.listed)(team).select_related("team")
+    )
     counts = selectors.run_counts([p.pk for p in projects])
     return [serializers.project_out(p, role, counts) for p in projects]
 
@@ -133,13 +141,17 @@ def list_runs(
     sort: RunSort = SORT,
     limit: int = LIMIT,
     offset: int = OFFSET,
+    archived: bool = ARCHIVED,
 ) -> dict[str, Any]:
+    """The project's runs as its runs table lists them: archived runs (unless queued or running
+    again) only with ``archived=true``."""
     project = project_for(request.auth, project_id, Role.VIEWER)
     creator: Any | None = None
     if created_by:
         creator = _user_named(request, created_by)
+    runs = Run.objects.filter(project=project).select_related("created_by")
     qs = selectors.filter_runs(
-        Run.objects.filter(project=project).select_related("created_by"),
+        run_housekeeping.archived(runs) if archived else run_housekeeping.listed(runs),
         statuses=[str(s) for s in status],
         tags=[t for t in tag if t],
         q=q.strip(),

@@ -1,19 +1,30 @@
-"""One run: read it, edit its name/tags/notes, cancel, resume, fork; its checkpoints and logs."""
+"""One run: read it, edit its name/tags/notes, cancel, resume, fork; its checkpoints, logs and output."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Query, Router, Status
 from ninja.errors import ValidationError
 
 from webapp.api import serializers
 from webapp.api.routers import READ, WRITE, Id
-from webapp.api.schemas import CheckpointOut, ErrorOut, ForkIn, LogPage, ResumeIn, RunOut, RunPatchIn
+from webapp.api.schemas import (
+    CheckpointOut,
+    ErrorOut,
+    ForkIn,
+    LogPage,
+    OutputPage,
+    ResumeIn,
+    RunOut,
+    RunPatchIn,
+)
 from webapp.inputs import BIGINT_MAX
 from webapp.runs.choices import LogLevel
 from webapp.runs.models import Checkpoint, Run
+from webapp.runs.output import full_log_response, output_page
 from webapp.runs.services import RunConfigInvalid, fork_run, request_cancel, resume_run
 from webapp.teams.access import role_in, run_for
 from webapp.teams.choices import Role
@@ -22,9 +33,17 @@ router = Router(tags=["runs"])
 
 STATE: dict[int, Any] = {409: ErrorOut}
 
-AFTER_SEQ = Query(0, ge=0, le=BIGINT_MAX, description="Lines after this event seq (page on with next_after_seq).")
+AFTER_SEQ = Query(
+    0, ge=0, le=BIGINT_MAX, description="Lines after this event seq (page on with next_after_seq)."
+)
 LEVEL = Query(None, description="Only lines at this level or a more severe one.")
 LOG_LIMIT = Query(500, ge=1, le=5000)
+AFTER_OFFSET = Query(
+    -1,
+    ge=-1,
+    le=BIGINT_MAX,
+    description="Lines starting after this byte of the full log (-1: from the first kept).",
+)
 
 
 def _out(request: HttpRequest, run: Run) -> dict[str, Any]:
@@ -55,7 +74,8 @@ def patch_run(request: HttpRequest, run_id: Id, payload: RunPatchIn) -> dict[str
 def cancel_run(request: HttpRequest, run_id: Id) -> dict[str, Any]:
     """A queued run is cancelled at once. A starting or running one keeps its status, with
     ``cancel_requested_at`` set, until its worker has stopped the engine (which then reports
-    ``cancelled``). A run already finished is a 409."""
+    ``cancelled``). An external run's script is told (it ends the run with its own final
+    status); cancelling it a second time ends it at once. A run already finished is a 409."""
     run = run_for(request.auth, run_id, Role.MEMBER)
     username = request.auth.get_username()
     return _out(request, request_cancel(run, f"cancelled by {username}"))
@@ -93,12 +113,15 @@ def resume_from_checkpoint(request: HttpRequest, run_id: Id, payload: ResumeIn) 
 
 
 @router.post(
-    "/runs/{run_id}/fork", response={201: RunOut, **WRITE}, summary="Fork with config changes (member)"
+    "/runs/{run_id}/fork",
+    response={201: RunOut, **WRITE, **STATE},
+    summary="Fork with config changes (member)",
 )
 def fork_with_changes(request: HttpRequest, run_id: Id, payload: ForkIn) -> Status[dict[str, Any]]:
     """A new run from this run's config with ``changes`` merged in, started from step 0.
 
-    A merged config that does not validate is a 422 naming the fields under ``changes``."""
+    A merged config that does not validate is a 422 naming the fields under ``changes``; an
+    external run (its config is its script's) is a 409."""
     parent = run_for(request.auth, run_id, Role.MEMBER)
     try:
         child = fork_run(
@@ -133,3 +156,32 @@ def list_logs(
 ) -> dict[str, Any]:
     run = run_for(request.auth, run_id, Role.VIEWER)
     return serializers.log_page(run, after_seq, level, limit)
+
+
+@router.get(
+    "/runs/{run_id}/output", response={200: OutputPage, **READ}, summary="A run's engine output lines"
+)
+def list_output(
+    request: HttpRequest, run_id: Id, after: int = AFTER_OFFSET, limit: int = LOG_LIMIT
+) -> dict[str, Any]:
+    """The engine's own output (stderr and stdout of every rank, native libraries, progress), as
+    the Logs tab shows it, oldest first; page on with ``next_after``. Only the newest lines are
+    kept as lines (``dropped`` counts the rest); ``/output/full`` has every byte."""
+    return output_page(run_for(request.auth, run_id, Role.VIEWER), after=after, limit=limit)
+
+
+@router.get(
+    "/runs/{run_id}/output/full",
+    response=READ,
+    summary="A run's full engine output (text download)",
+    openapi_extra={
+        "responses": {
+            200: {"description": "engine.log", "content": {"text/plain": {"schema": {"type": "string"}}}}
+        }
+    },
+)
+def full_output(request: HttpRequest, run_id: Id) -> StreamingHttpResponse:
+    """``engine.log`` as the web app holds it so far, streamed as ``text/plain`` (empty before the
+    engine's first output)."""
+    run = run_for(request.auth, run_id, Role.VIEWER)
+    return full_log_response(run, asynchronous=isinstance(request, ASGIRequest), missing_ok=True)

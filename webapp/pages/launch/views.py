@@ -37,6 +37,7 @@ from webapp.runs.placement import AUTO
 from webapp.runs.queueing import reward_policy_for
 from webapp.runs.services import (
     QUEUE_CHARS,
+    ProjectArchived,
     RunConfigInvalid,
     create_run,
     validate_run_config,
@@ -164,9 +165,12 @@ def _source_run(request: HttpRequest, run_id: str) -> Run:
     if parsed is None:
         raise Http404(f"{run_id!r} is not a run id")
     try:
-        return access.run_for(request.user, parsed)
+        run = access.run_for(request.user, parsed)
     except access.NotFound:
         raise Http404("run not found") from None
+    if run.is_external:  # its config is its script's, not an engine config: nothing to fork
+        raise Http404(f"run {run.pk} is an external run: only engine runs can be forked")
+    return run
 
 
 def _initial(request: HttpRequest) -> tuple[_Editor, dict[str, Any]]:
@@ -293,6 +297,7 @@ def _page(
 ) -> HttpResponse:
     context = {
         "project": project,
+        "archived": str(ProjectArchived(project)) if project.archived_at is not None else "",
         "editor": editor.context(extra.get("launch_errors")),
         "launch": launch,
         "presets": [{"name": n, "label": PRESET_LABELS.get(n, n)} for n in PRESETS],
@@ -418,6 +423,8 @@ def new_run(request: HttpRequest, project_id: int) -> HttpResponse:
     if action == "export":
         return _export(editor)
     if action in ("launch", "review"):
+        if project.archived_at is not None:  # the form says so; a stale or hand-made POST is refused
+            return _page(request, project, editor, launch, status=409)
         return _launch(request, project, editor, launch, action=action)
     _apply_action(request, editor, action)  # the page without JavaScript: same editor actions
     return _page(request, project, editor, launch)

@@ -3,8 +3,12 @@
 One step at a time (a slider over the steps that have samples, or the latest), each prompt's
 group of completions side by side; sort by reward or length, pages of groups. A search looks at
 every step (each hit with its step), or at the chosen step only (``scope=step``). "Follow"
-shows one prompt's completions across steps instead. The same partial serves a share link,
-read-only (it has no actions that change anything anyway).
+shows one prompt's completions across steps instead. The step view draws the step's reward
+histogram and length-against-reward scatter (``analysis.step_distribution``); a completion the engine
+sent with its tokens opens a token view coloured by log-probability or entropy (``tokens=entropy``
+picks the latter); "Compare with another run" sets two runs' completions of one prompt side by side
+(``side_by_side.py``). The same partial serves a share link, read-only (it has no actions that change
+anything anyway, and no comparison with the project's other runs).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET
 
 from webapp.inputs import INT_MAX, parse_id
+from webapp.pages.rollouts import analysis, side_by_side
 from webapp.runs import selectors
-from webapp.runs.models import Run, Sample
+from webapp.runs.models import Run, Sample, prompt_hash
 from webapp.runs.sharing import shared_run_or_404
 from webapp.teams import access
 
@@ -46,7 +51,10 @@ SORTS = {
 }
 
 
-VIEW_PARAMS = ("step", "at", "q", "sort", "page", "follow", "scope", "open")
+VIEW_PARAMS = (
+    *("step", "at", "q", "sort", "page", "follow", "scope", "open", "tokens"),
+    *("compare", "with", "a_step", "b_step"),  # side by side with another run (side_by_side.py)
+)
 
 
 def rollouts_query(raw: str) -> str:
@@ -136,6 +144,7 @@ def _rollout(sample: Sample, scale: tuple[float, float] | None) -> dict[str, Any
         "truncated": truncated,
         "policy_version": extra.get("policy_version"),
         "group": extra.get("group"),
+        "tokens": analysis.token_view(extra),
     }
 
 
@@ -222,7 +231,13 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
         "follow": None,
         "reward_range": _reward_range(run),
         "open_id": parse_id(request.GET.get("open")),  # the completion the user had opened
+        "token_mode": "entropy" if request.GET.get("tokens") == "entropy" else "logprob",
+        "token_legend": analysis.token_legend(),
     }
+    if request.GET.get("compare"):
+        return side_by_side.compare_view(
+            request, run, context, url=_url, groups=_groups, reward_range=_reward_range
+        )
     base = selectors.samples(run, q=q)
 
     follow = request.GET.get("follow")
@@ -264,6 +279,8 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
     shown = groups[(page - 1) * GROUPS_PER_PAGE : page * GROUPS_PER_PAGE]
     for group in shown:
         group["follow_url"] = _url(base_url, follow=group["first_id"], sort=sort, q=q)
+        if not shared:
+            group["compare_url"] = _url(base_url, compare=group["first_id"])
     step_param = "latest" if latest else step
     scope = context["scope"]
     context.update(
@@ -278,6 +295,7 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
         sample_count=len(samples),
         page=page,
         pages=pages,
+        distribution=analysis.step_distribution(run, step) if step is not None else None,
     )
     return render(request, "pages/rollouts/browser.html", context)
 
@@ -317,7 +335,9 @@ def _search(request: HttpRequest, run: Run, base: Any, context: dict[str, Any], 
     rows = Sample.objects.in_bulk([pk for g in page_groups for pk in g["ids"]])
     shown = []
     for found_group in page_groups:
-        (group,) = _groups([rows[pk] for pk in found_group["ids"] if pk in rows], sort, context["reward_range"])
+        (group,) = _groups(
+            [rows[pk] for pk in found_group["ids"] if pk in rows], sort, context["reward_range"]
+        )
         group["step"] = found_group["step"]
         group["step_url"] = _url(base_url, step=group["step"], q=q, sort=sort, scope="step")
         group["follow_url"] = _url(base_url, follow=group["first_id"], sort=sort, q=q)
@@ -340,7 +360,11 @@ def _search(request: HttpRequest, run: Run, base: Any, context: dict[str, Any], 
 def _follow(
     request: HttpRequest, run: Run, anchor: Sample, base: Any, context: dict[str, Any], page: int
 ) -> HttpResponse:
-    samples = list(base.filter(prompt=anchor.prompt).order_by("step", "seq", "index")[:MAX_SAMPLES])
+    # By the prompt's hash (the (prompt_hash, run, step) index), then its text (a collision shows nothing wrong).
+    same_prompt = base.filter(
+        prompt_hash=anchor.prompt_hash or prompt_hash(anchor.prompt), prompt=anchor.prompt
+    )
+    samples = list(same_prompt.order_by("step", "seq", "index")[:MAX_SAMPLES])
     by_step: dict[int, list[Sample]] = {}
     for sample in samples:
         by_step.setdefault(sample.step, []).append(sample)

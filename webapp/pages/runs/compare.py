@@ -1,17 +1,41 @@
-"""The compare page's server-side parts: which ids, the config diff, the summary table."""
+"""The compare page: which runs (from the link), the run search that adds more, the config diff,
+the summary table, and the JSON the page's scripts start from.
+
+The page (``compare.js``) adds and drops runs without a reload: it asks ``compare/parts/`` for the
+server-rendered parts of the new selection (runs table, summary, config diff and their JSON) and
+``compare/search.json`` for runs to add. Every query here is one per page, whatever the number of
+runs: the runs in one query, the attempts in one, the metric summaries ingest keeps (final, min, max:
+``webapp.analysis``) in two, and
+the names of the metrics one index probe per distinct name (``metric_name_union``).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from django.db.models import Max, Min
+from django.contrib.auth.decorators import login_required
+from django.db.models import F, Max, Q
+from django.db.models.fields.json import KeyTransform
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
 
-from webapp.runs import selectors
-from webapp.runs.models import MetricPoint, Run
+from webapp.analysis.models import MetricSummary
+from webapp.inputs import parse_ids, text_problem
+from webapp.live.routing import run_socket_path
+from webapp.pages.runs.display import api_base
+from webapp.runs import housekeeping, selectors
+from webapp.runs.choices import FINAL_STATUSES, RunStatus
+from webapp.runs.models import MetricPoint, Run, RunAttempt
 
-MAX_RUNS = 12
-CANDIDATES = 200  # runs the "add runs" picker lists at most
+MAX_RUNS = 12  # one distinct colour each (charts.js PALETTE)
+SEARCH_LIMIT = 20  # runs one search answers with
+MAX_QUERY = 200  # characters of a search
+MAX_TERMS = 8  # words of a search
+CONFIG_KEYS = 400  # dotted config keys per run sent to the page (grouping, scatter, parallel axes)
+VALUE_CHARS = 120  # characters of one config value sent to the page
 
 # Metrics of the summary table: name and which way is better (None: final value only).
 KEY_METRICS: list[tuple[str, str | None]] = [
@@ -65,38 +89,258 @@ def config_diff(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def candidates(user: Any, runs: list[Run], limit: int = CANDIDATES) -> list[Run]:
-    """Runs the "add runs" picker offers: the newest of the shown runs' projects that are not
-    shown yet, or, with nothing shown, the newest the user can see."""
-    qs = selectors.runs_visible_to(user).exclude(pk__in=[r.pk for r in runs])
-    if runs:
-        qs = qs.filter(project__in={r.project_id for r in runs})
-    return list(qs.select_related("project").order_by("-created_at", "-id")[:limit])
+def page_config(config: dict[str, Any]) -> dict[str, str | float | bool | None]:
+    """The run's config as the page groups, plots and lays axes by it: dotted keys, numbers and
+    booleans kept as they are, everything else as text, bounded (``CONFIG_KEYS`` keys,
+    ``VALUE_CHARS`` characters a value) since a config may be an external run's free-form one."""
+    out: dict[str, str | float | bool | None] = {}
+    for key, value in list(flatten(config or {}).items())[:CONFIG_KEYS]:
+        if value is None or isinstance(value, bool | int | float):
+            out[key] = value
+        else:
+            out[key] = _show(value)[:VALUE_CHARS]
+    return out
+
+
+# --- which runs --------------------------------------------------------------------------------
+
+
+def load_runs(user: Any, wanted: list[int]) -> list[Run]:
+    """The runs of ``wanted`` the user may see, in the link's order, in one query."""
+    found = {r.pk: r for r in selectors.runs_visible_to(user).filter(pk__in=wanted).select_related("project")}
+    return [found[i] for i in wanted if i in found]
+
+
+def points_attempts(runs: list[Run]) -> dict[int, int]:
+    """Per run, the latest attempt whose points its history holds (0: none): a point of a later
+    attempt is a rewind (``series.js``, ``Attempts``). One query for all runs."""
+    rows = (
+        RunAttempt.objects.filter(run__in=runs, first_step__isnull=False)
+        .values("run_id")
+        .annotate(latest=Max("number"))
+        .order_by()
+    )
+    return {row["run_id"]: row["latest"] for row in rows}
+
+
+def metric_name_union(runs: list[Run]) -> list[str]:
+    """The names any of ``runs`` logged, sorted: one probe of the (run, name, step) index per
+    name (as ``selectors.metric_name_list``, for several runs at once), so the cost follows the
+    number of distinct names, never the number of points or of runs."""
+    if not runs:
+        return []
+    names: list[str] = []
+    points = MetricPoint.objects.filter(run__in=runs).order_by("name").values_list("name", flat=True)
+    while True:
+        name = (points.filter(name__gt=names[-1]) if names else points).first()
+        if name is None:
+            return names
+        names.append(name)
 
 
 def summary(runs: list[Run]) -> list[dict[str, Any]]:
-    """Per key metric that any run logged: per run the final value and the best one."""
+    """Per key metric that any run logged: per run the final value and the best one, from the
+    metric summaries ingest keeps (``webapp.analysis``): one query, no point read."""
     if not runs:
         return []
-    finals = {r.pk: {m["name"]: m["last_value"] for m in selectors.metric_names(r)} for r in runs}
     names = [n for n, _ in KEY_METRICS]
-    extremes = {
-        (row["run_id"], row["name"]): row
-        for row in MetricPoint.objects.filter(run__in=runs, name__in=names, superseded=False)
-        .values("run_id", "name")
-        .annotate(hi=Max("value"), lo=Min("value"))
-        .order_by()
+    kept = {
+        (row.run_id, row.name): row
+        for row in MetricSummary.objects.filter(run__in=runs, name__in=names).only(
+            "run", "name", "last", "min", "max"
+        )
     }
     rows = []
     for name, better in KEY_METRICS:
-        if not any(name in finals[r.pk] for r in runs):
+        if not any((r.pk, name) in kept for r in runs):
             continue
         cells = []
         for r in runs:
-            ext = extremes.get((r.pk, name))
+            row = kept.get((r.pk, name))
             best = None
-            if ext is not None and better is not None:
-                best = ext["hi"] if better == "max" else ext["lo"]
-            cells.append({"final": finals[r.pk].get(name), "best": best})
+            if row is not None and better is not None:
+                best = row.max if better == "max" else row.min
+            cells.append({"final": row.last if row else None, "best": best})
         rows.append({"name": name, "better": better, "cells": cells})
     return rows
+
+
+def page_summaries(runs: list[Run]) -> dict[int, dict[str, list[float]]]:
+    """Per run, each metric's [final, min, max] (``MetricSummary``), at most ``CONFIG_KEYS``
+    metrics a run: what the scatter and the parallel axes plot, without reading a series."""
+    out: dict[int, dict[str, list[float]]] = {r.pk: {} for r in runs}
+    rows = (
+        MetricSummary.objects.filter(run__in=runs)
+        .order_by("run", "name")
+        .values_list("run_id", "name", "last", "min", "max")
+    )
+    for run_id, name, last, low, high in rows:
+        if len(out[run_id]) < CONFIG_KEYS:
+            out[run_id][name] = [last, low, high]
+    return out
+
+
+def parts_context(user: Any, runs_param: str) -> dict[str, Any]:
+    """What the page's server-rendered parts show for ``?runs=`` (ids, commas): the same for the
+    whole page and for ``compare/parts/`` (what the page swaps in after an add or a drop)."""
+    wanted, bad = parse_ids([runs_param])
+    too_many = len(wanted) > MAX_RUNS
+    wanted = wanted[:MAX_RUNS]
+    runs = load_runs(user, wanted)
+    attempts = points_attempts(runs)
+    summaries = page_summaries(runs)
+    rows = config_diff([r.config for r in runs])
+    return {
+        "runs": runs,
+        "dropped": len(wanted) - len(runs) + len(bad),
+        "too_many": too_many,
+        "max_runs": MAX_RUNS,
+        "diff_rows": rows,
+        "diff_count": sum(1 for r in rows if r["differs"]),
+        "summary": summary(runs),
+        "runs_param": ",".join(str(r.pk) for r in runs),
+        "page_data": {
+            "runs": [
+                {
+                    "id": r.pk,
+                    "name": r.name,
+                    "status": r.status,
+                    "is_final": RunStatus(r.status) in FINAL_STATUSES,
+                    "points_attempt": attempts.get(r.pk, 0),
+                    "api": api_base(r.pk),
+                    "socket": run_socket_path(r.pk),
+                    "config": page_config(r.config),
+                    "summaries": summaries[r.pk],
+                }
+                for r in runs
+            ],
+            "diff_keys": [row["key"] for row in rows if row["differs"]],
+            "metric_names": metric_name_union(runs),
+            "max_runs": MAX_RUNS,
+        },
+    }
+
+
+# --- the search --------------------------------------------------------------------------------
+
+
+class SearchError(ValueError):
+    """A search the page cannot run; the message names the part and the fix."""
+
+
+_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}")
+_STATUSES = {s.value for s in RunStatus}
+SEARCH_HELP = (
+    "words match a run's name, tag or status; status:running and tag:baseline match exactly; "
+    "a config value is key=value with a dotted key, e.g. optimizer.lr=1e-6 or algorithm.name=grpo"
+)
+
+
+def _config_value(raw: str) -> Any:
+    """``1e-6``, ``true``, ``null`` as JSON; anything else as the text typed."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    return value if isinstance(value, bool | int | float | type(None)) else raw
+
+
+def search_filter(query: str) -> tuple[dict[str, Any], Q]:
+    """The runs ``query`` asks for, every word matching (``SEARCH_HELP``): the aliases the filter
+    reads (a config key's JSON transforms, built by hand so a key named like a lookup, such as
+    ``contains``, stays a key) and the filter. Raises SearchError naming the word and the fix."""
+    if len(query) > MAX_QUERY:
+        raise SearchError(f"q: at most {MAX_QUERY} characters, got {len(query)}: shorten the search")
+    problem = text_problem(query)
+    if problem:
+        raise SearchError(f"q {problem}")
+    words = query.split()
+    if len(words) > MAX_TERMS:
+        raise SearchError(f"q: at most {MAX_TERMS} words, got {len(words)}: drop some")
+    aliases: dict[str, Any] = {}
+    found = Q()
+    for word in words:
+        if "=" in word:
+            key, _, raw = word.partition("=")
+            if not _KEY.fullmatch(key) or not raw:
+                raise SearchError(
+                    f"q: {word!r} is not a config filter: write key=value with a dotted key of letters, "
+                    "digits, _ and - (e.g. optimizer.lr=1e-6)"
+                )
+            expr: Any = F("config")
+            for part in key.split("."):
+                expr = KeyTransform(part, expr)
+            alias = f"config_{len(aliases)}"
+            aliases[alias] = expr
+            found &= Q(**{alias: _config_value(raw)})
+        elif word.lower().startswith("status:"):
+            status = word[7:].lower()
+            if status not in _STATUSES:
+                raise SearchError(f"q: unknown status {status!r}: use one of {', '.join(sorted(_STATUSES))}")
+            found &= Q(status=status)
+        elif word.lower().startswith("tag:"):
+            found &= Q(tags__icontains=json.dumps(word[4:]))  # the whole tag, quoted as stored
+        else:
+            found &= Q(name__icontains=word) | Q(tags__icontains=word) | Q(status__iexact=word)
+    return aliases, found
+
+
+def search(user: Any, query: str, exclude: list[int], limit: int = SEARCH_LIMIT) -> list[dict[str, Any]]:
+    """Runs the user can see (archived ones left out) that match ``query``, newest first, not
+    those in ``exclude`` (the runs shown already). One query."""
+    aliases, found = search_filter(query)
+    rows = (
+        housekeeping.listed(selectors.runs_visible_to(user))
+        .exclude(pk__in=exclude)
+        .alias(**aliases)
+        .filter(found)
+        .select_related("project")
+        .defer("config", "notes", "summary")
+        .order_by("-created_at", "-id")[:limit]
+    )
+    return [
+        {
+            "id": r.pk,
+            "name": r.name,
+            "status": r.status,
+            "status_badge": r.status_badge,
+            "last_step": r.last_step,
+            "project": r.project.name,
+            "tags": list(r.tags or [])[:10],
+        }
+        for r in rows
+    ]
+
+
+# --- views ---------------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def compare_page(request: HttpRequest) -> HttpResponse:
+    context = parts_context(request.user, request.GET.get("runs", ""))
+    context["search_help"] = SEARCH_HELP
+    return render(request, "pages/runs/compare.html", context)
+
+
+@login_required
+@require_GET
+def compare_parts(request: HttpRequest) -> HttpResponse:
+    """The runs table, summary and config diff of ``?runs=``, for the page to swap in."""
+    return render(
+        request, "pages/runs/_compare_parts.html", parts_context(request.user, request.GET.get("runs", ""))
+    )
+
+
+@login_required
+@require_GET
+def compare_search(request: HttpRequest) -> JsonResponse:
+    """``?q=`` (``SEARCH_HELP``) and ``exclude=`` (ids already shown): up to ``SEARCH_LIMIT`` runs."""
+    exclude, bad = parse_ids([request.GET.get("exclude", "")])
+    if bad:
+        return JsonResponse({"detail": f"exclude: {bad[0]!r} is not a run id: give ids as 1,2,3"}, status=400)
+    try:
+        runs = search(request.user, request.GET.get("q", ""), exclude[: MAX_RUNS * 2])
+    except SearchError as err:
+        return JsonResponse({"detail": str(err)}, status=400)
+    return JsonResponse({"runs": runs, "limit": SEARCH_LIMIT})

@@ -11,18 +11,15 @@ tab: output can name paths and hosts of the worker, which a read-only link does 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
 from django.core.handlers.asgi import ASGIRequest
 from django.http import Http404, HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_GET
 
 from webapp.runs.models import LogLine, OutputLine, Run
-from webapp.runs.output import full_log_path, line_out, output_lines
+from webapp.runs.output import NoOutputYet, full_log_response, line_out, output_lines
 from webapp.teams.access import NotFound, run_for
 
 LOG_TAIL = 500
@@ -91,38 +88,7 @@ def output_json(request: HttpRequest, run_id: int) -> JsonResponse:
 def full_log(request: HttpRequest, run_id: int) -> StreamingHttpResponse:
     """The run's full engine output as received so far, streamed as a text file download."""
     run = _visible(request, run_id)
-    path = full_log_path(run.pk)
-    if run.output_file_bytes <= 0 or not path.is_file():
-        raise Http404(
-            f"run {run.pk}'s engine has written no output yet (its worker sends it as the run goes)"
-        )
-    blocks = _blocks(path, run.output_file_bytes)
-    response = StreamingHttpResponse(
-        _async_blocks(blocks) if isinstance(request, ASGIRequest) else blocks,
-        content_type="text/plain; charset=utf-8",
-    )
-    response["Content-Disposition"] = f'attachment; filename="run-{run.pk}-engine.log"'
-    response["Content-Length"] = str(run.output_file_bytes)
-    response["Cache-Control"] = "no-store"
-    return response
-
-
-def _blocks(path: Path, size: int, block: int = 256 * 1024) -> Iterator[bytes]:
-    """The first ``size`` bytes of the file (its committed part: a chunk being stored may be
-    past it), in blocks, so a long log is never held in memory whole."""
-    with path.open("rb") as handle:
-        left = size
-        while left > 0:
-            data = handle.read(min(block, left))
-            if not data:
-                return
-            left -= len(data)
-            yield data
-
-
-async def _async_blocks(blocks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    """``blocks`` for an ASGI server, each read in a worker thread (Django would read a sync
-    iterator whole into memory first there)."""
-    read = sync_to_async(next, thread_sensitive=False)
-    while (data := await read(blocks, None)) is not None:
-        yield data
+    try:
+        return full_log_response(run, asynchronous=isinstance(request, ASGIRequest))
+    except NoOutputYet as exc:
+        raise Http404(str(exc)) from None

@@ -116,6 +116,8 @@ def run_delete(request: HttpRequest, run_id: int) -> HttpResponse:
             files = (
                 "its files were removed"
                 if purged.files == "removed here"
+                else "no worker held files of it (an external run)"
+                if run.is_external
                 else f"a worker of queue {run.queue} removes its files"
             )
             messages.success(

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from webapp.pages.runs import logs, manage, views
+from webapp.pages.runs import compare, logs, manage, views
 
 urlpatterns = [
     path("runs/<int:run_id>/", views.run_page, name="run"),
@@ -22,5 +22,7 @@ urlpatterns = [
     path("share/<str:token>/", views.share_page, name="share"),
     path("share/<str:token>/header/", views.share_header, name="share-header"),
     path("share/<str:token>/config.json", views.share_config_json, name="share-config-json"),
-    path("compare/", views.compare, name="compare"),
+    path("compare/", compare.compare_page, name="compare"),
+    path("compare/parts/", compare.compare_parts, name="compare-parts"),
+    path("compare/search.json", compare.compare_search, name="compare-search"),
 ]

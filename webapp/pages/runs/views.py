@@ -23,16 +23,14 @@ from django.views.decorators.http import require_GET, require_POST
 from webapp.alerts import listing as alerts
 from webapp.api import serializers
 from webapp.api.schemas import clean_tags
-from webapp.inputs import parse_id, parse_ids
-from webapp.live.routing import run_socket_path
+from webapp.inputs import parse_id
 from webapp.pages.rollouts.views import rollouts_query
-from webapp.pages.runs import compare as compare_helpers
-from webapp.pages.runs.display import api_base, config_yaml, page_data, points_attempt
+from webapp.pages.runs.display import config_yaml, page_data
 from webapp.pages.runs.logs import log_view
-from webapp.runs import housekeeping, selectors
+from webapp.runs import external, housekeeping, selectors
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import Checkpoint, InvalidTransition, Run, ShareLink
-from webapp.runs.services import CannotResume, RunConfigInvalid, request_cancel, resume_run
+from webapp.runs.services import CannotResume, ProjectArchived, RunConfigInvalid, request_cancel, resume_run
 from webapp.runs.sharing import revoke_share_link, shared_run_or_404
 from webapp.teams.access import Forbidden, NotFound, role_in, run_for
 from webapp.teams.choices import Role
@@ -96,6 +94,8 @@ def _header_context(run: Run, role: Role | None, token: str = "") -> dict[str, A
         # Rename, archive, restore, delete: what the caller's role and the run's state allow.
         "manage": {} if shared else housekeeping.actions_for(run, role),
         "archived_at": run.archived_at,
+        # An external run: where its script reports from (no worker, no queue).
+        "external": external.banner(run) if run.is_external else "",
     }
 
 
@@ -195,7 +195,14 @@ def run_cancel(request: HttpRequest, run: Run) -> HttpResponse:
     if error:
         messages.error(request, error)
     else:
-        messages.success(request, "Cancel requested: the worker stops the run and saves a checkpoint.")
+        messages.success(
+            request,
+            "Ended here: its script had not stopped."
+            if run.status == RunStatus.CANCELLED
+            else "Cancel requested: its script is told to stop (run.should_stop())."
+            if run.is_external
+            else "Cancel requested: the worker stops the run and saves a checkpoint.",
+        )
     return redirect(run)
 
 
@@ -214,7 +221,7 @@ def run_resume(request: HttpRequest, run: Run) -> HttpResponse:
     if not error:
         try:
             run = resume_run(run, request.user, checkpoint)
-        except (CannotResume, RunConfigInvalid) as exc:
+        except (CannotResume, ProjectArchived, RunConfigInvalid) as exc:
             error = f"Cannot resume: {exc}"
     if _is_htmx(request):
         return _render_header(request, run, role_in(request.user, run.project.team_id), action_error=error)
@@ -282,53 +289,3 @@ def share_revoke(request: HttpRequest, run: Run, share_id: int) -> HttpResponse:
     if not _is_htmx(request):
         return redirect(f"{run.get_absolute_url()}#shares")
     return _shares_fragment(request, run)
-
-
-# --- compare -----------------------------------------------------------------------------
-
-
-@login_required
-@require_GET
-def compare(request: HttpRequest) -> HttpResponse:
-    wanted, bad = parse_ids([request.GET.get("runs", "")])
-    added, _ = parse_ids(request.GET.getlist("add"))
-    if added:  # the "add runs" form: back to one shareable ?runs= link
-        ids = ",".join(str(i) for i in [*wanted, *(a for a in added if a not in wanted)])
-        return redirect(f"{reverse('compare')}?runs={ids}")
-    too_many = len(wanted) > compare_helpers.MAX_RUNS
-    wanted = wanted[: compare_helpers.MAX_RUNS]
-    runs: list[Run] = []
-    for run_id in wanted:
-        try:
-            runs.append(run_for(request.user, run_id))
-        except (NotFound, Forbidden):
-            continue
-    dropped = len(wanted) - len(runs) + len(bad)
-    details = [serializers.run_out(r, role_in(request.user, r.project.team_id)) for r in runs]
-    rows = compare_helpers.config_diff([d["config"] for d in details])
-    context = {
-        "runs": details,
-        "dropped": dropped,
-        "too_many": too_many,
-        "max_runs": compare_helpers.MAX_RUNS,
-        "diff_rows": rows,
-        "diff_count": sum(1 for r in rows if r["differs"]),
-        "summary": compare_helpers.summary(runs),
-        "candidates": compare_helpers.candidates(request.user, runs),
-        "runs_param": ",".join(str(r.pk) for r in runs),
-        "page_data": {
-            "runs": [
-                {
-                    "id": d["id"],
-                    "name": d["name"],
-                    "status": d["status"],
-                    "is_final": d["is_final"],
-                    "points_attempt": points_attempt(d),
-                    "api": api_base(d["id"]),
-                    "socket": run_socket_path(d["id"]),
-                }
-                for d in details
-            ]
-        },
-    }
-    return render(request, "pages/runs/compare.html", context)

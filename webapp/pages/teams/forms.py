@@ -10,13 +10,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import UserCreationForm
 from django.utils.text import slugify
 
-from webapp.runs import selectors
 from webapp.runs.choices import RunStatus
 from webapp.teams import invites, services
 from webapp.teams.choices import Role
 from webapp.teams.models import Project, Team
 
-SORT_CHOICES = [(key, key) for key in selectors.RUN_SORTS]
 DEFAULT_SORT = "-created_at"
 PAGE_SIZE = 50
 
@@ -81,17 +79,20 @@ class ProjectForm(forms.Form):
 
 class RunFilterForm(forms.Form):
     """The runs table's query string: ``status`` (repeatable), ``tag``, ``q``, ``sort``, ``page``,
-    ``archived`` (the archived runs instead of the others)."""
+    ``archived`` (the archived runs instead of the others). The chosen columns, grouping and
+    column filters (``col``, ``group``, ``where``) are ``webapp.analysis.table``'s."""
 
     status = forms.MultipleChoiceField(choices=RunStatus.choices, required=False, label="Status")
     tag = forms.CharField(max_length=100, required=False, label="Tag")
     q = forms.CharField(max_length=200, required=False, label="Search")
-    sort = forms.ChoiceField(choices=SORT_CHOICES, required=False, label="Sort")
+    # A fixed column's key (``selectors.RUN_SORTS``) or a chosen column's spec, checked by the
+    # view against the table's columns (``webapp.analysis.table.sort_fields``).
+    sort = forms.CharField(max_length=220, required=False, label="Sort")
     page = forms.IntegerField(min_value=1, required=False)
     archived = forms.BooleanField(required=False, label="Archived runs only")
 
     def clean_sort(self) -> str:
-        return self.cleaned_data.get("sort") or DEFAULT_SORT
+        return self.cleaned_data.get("sort", "").strip() or DEFAULT_SORT
 
     def clean_page(self) -> int:
         return self.cleaned_data.get("page") or 1

@@ -16,8 +16,9 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
 from django.db import DatabaseError, IntegrityError, transaction
+from django.db.models import Count, Window
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -27,8 +28,10 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from webapp.alerts import listing as alert_listing
+from webapp.analysis import table
+from webapp.analysis.models import TableView
 from webapp.inputs import parse_ids
-from webapp.pages.teams import sparkline
+from webapp.pages.teams import columns, sparkline
 from webapp.pages.teams.admin_context import admin_context
 from webapp.pages.teams.forms import (
     DEFAULT_SORT,
@@ -285,16 +288,36 @@ def _row(run: Run, now: Any, sparks: dict[int, Any]) -> dict[str, Any]:
 
 
 def _query(params: dict[str, Any], **changes: Any) -> str:
-    """The table's query string with ``changes`` (``None`` drops a key; page 1 is left out)."""
+    """The table's query string with ``changes`` (``None`` drops a key; page 1 is left out).
+
+    The chosen columns, group keys and column filters (``col``, ``group``, ``where``) are part of
+    it, so the URL reproduces the view; ``group=[]`` given as a change is written as an empty
+    ``group=``: the URL then says "not grouped" rather than "the saved view"."""
     merged = {**params, **changes}
     qd = QueryDict(mutable=True)
-    for key in ("status", "tag", "q", "archived", "sort", "page"):
+    for key in (
+        "status",
+        "tag",
+        "q",
+        "archived",
+        "col",
+        "group",
+        "where",
+        "sort",
+        "page",
+        "fragment",
+        "drop",
+        "drop_group",
+        "drop_where",
+    ):
         value = merged.get(key)
         if (
             value in (None, "", [], False)
             or (key == "sort" and value == DEFAULT_SORT)
             or (key == "page" and value == 1)
         ):
+            if key == "group" and changes.get("group") == []:
+                qd["group"] = ""
             continue
         if isinstance(value, list):
             qd.setlist(key, [str(v) for v in value])
@@ -324,6 +347,45 @@ def _sort_links(base: str, params: dict[str, Any]) -> dict[str, dict[str, str]]:
     return links
 
 
+def _view_address(base: str, request: HttpRequest, state: table.TableState) -> str:
+    """The request's address with the state's columns, groups and filters, actions left out."""
+    query = request.GET.copy()
+    for key in (*table.ACTION_KEYS, "page", "col", "group", "where"):
+        query.pop(key, None)
+    query.setlist("col", state.specs())
+    if state.group_by:
+        query.setlist("group", state.group_by)
+    query.setlist("where", [w.text for w in state.wheres])
+    return f"{base}?{query.urlencode()}"
+
+
+def _table_state(
+    request: HttpRequest, project: Project, runs: Any, errors: list[str]
+) -> tuple[table.TableState, TableView | None, bool]:
+    """The chosen columns, grouping and filters (``webapp.analysis.table``), checked against the
+    project's runs; returns the state, the saved view and whether the URL is to be believed
+    (False: a bad spec, the page answers 400 with ``errors``).
+
+    A column the URL names that no run has is refused with its reason; one only the saved view
+    names (its runs deleted since) is left out with a notice."""
+    saved = TableView.objects.filter(user=request.user, project=project).first()
+    try:
+        state, stated = table.state_from_query(request.GET, saved)
+    except table.TableSpecError as exc:
+        errors.extend([str(exc), "Fix the column or filter in the address, or clear the filters."])
+        return table.TableState(), saved, False
+    missing = table.unknown(runs, state)
+    if missing and (stated or table.has_actions(request.GET)):
+        errors.extend([f"{m}: check the spelling, or drop the column." for m in missing.values()])
+        return table.TableState(), saved, False
+    if missing:
+        errors.append("Some saved columns were left out: " + "; ".join(missing.values()) + ".")
+        state = table.without(state, missing)
+    elif (stated or table.has_actions(request.GET)) and request.GET.get("fragment") != "group":
+        table.save(request.user, project.pk, state, saved)
+    return state, saved, True
+
+
 @login_required
 @require_GET
 def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
@@ -334,6 +396,7 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
     form = RunFilterForm(request.GET)
     errors: list[str] = []
     rows: list[dict[str, Any]] = []
+    groups: list[dict[str, Any]] = []
     page_obj = None
     params: dict[str, Any] = {
         "status": [],
@@ -344,46 +407,76 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
         "page": 1,
     }
     http_status = 200
-    if form.is_valid():
+    runs_of_project = Run.objects.filter(project=project)
+    state, _saved, state_ok = _table_state(request, project, runs_of_project, errors)
+    params.update(col=state.specs(), group=state.group_by, where=[w.text for w in state.wheres])
+    fragment = request.GET.get("fragment") == "group"
+
+    def query(**changes: Any) -> str:
+        return base + _query(params, **changes)
+
+    if state_ok and table.has_actions(request.GET) and not _is_htmx(request):
+        return redirect(_view_address(base, request, state))  # the address of the view just chosen
+    if (
+        state_ok
+        and not fragment
+        and not _is_htmx(request)
+        and (state.columns or state.group_by)
+        and "col" not in request.GET
+        and "group" not in request.GET
+    ):
+        # The saved view, written into the address: a copied link reproduces what is shown.
+        return redirect(_view_address(base, request, state))
+    grouping = bool(state.group_by) and not fragment
+    if form.is_valid() and state_ok:
         params.update(form.cleaned_data)
         params["tag"] = params["tag"].strip()
         params["q"] = params["q"].strip()
-        try:
-            runs_of_project = (
-                Run.objects.filter(project=project).select_related("created_by").defer("config", "notes")
+        order = selectors.RUN_SORTS.get(params["sort"]) or table.sort_fields(state, params["sort"])
+        if order is None:
+            errors.append(
+                f"sort: {params['sort'][:80]!r} is not a column of this table: click a column's "
+                "header to sort by it."
             )
-            # Archived runs only on request (``archived=1``), and then only they.
-            shown = housekeeping.archived if params["archived"] else housekeeping.listed
-            qs = selectors.filter_runs(
-                shown(runs_of_project),
-                statuses=params["status"],
-                tags=[params["tag"]] if params["tag"] else [],
-                q=params["q"],
-                created_by=None,
-            ).order_by(*selectors.RUN_SORTS[params["sort"]])
-            page_obj = Paginator(qs, PAGE_SIZE).get_page(params["page"])
-            runs = list(page_obj.object_list)
-            try:
-                sparks = sparkline.sparklines([r.pk for r in runs], SPARK_METRIC)
-            except DatabaseError:  # the table is still useful without its trends
-                log.warning("sparklines of project %s failed", project.pk, exc_info=True)
-                sparks = {}
-                errors.append("The reward trends could not be loaded; the rest of the table is up to date.")
-            now = timezone.now()
-            alert_counts = alert_listing.counts_for([r.pk for r in runs])
-            rows = [{**_row(r, now, sparks), "alerts": alert_counts.get(r.pk, 0)} for r in runs]
-        except DatabaseError:
-            log.exception("runs table of project %s failed", project.pk)
-            errors.append("The runs could not be loaded: the database did not answer. Try again in a moment.")
-            http_status = 503
+            errors.append("Fix the filter above or clear it.")
+            http_status = 400
+            order = selectors.RUN_SORTS[DEFAULT_SORT]
     else:
         for field, problems in form.errors.items():
             for problem in problems:
                 errors.append(f"{field}: {problem}")
-        errors.append("Fix the filter above or clear it.")
+        if form.errors:
+            errors.append("Fix the filter above or clear it.")
         http_status = 400
-    filtered = bool(params["status"] or params["tag"] or params["q"] or params["archived"])
-    here = base + _query(params, page=page_obj.number if page_obj is not None else None)
+    if http_status == 200:
+        try:
+            runs = runs_of_project.select_related("created_by").defer("notes")
+            if not any(c.kind == table.CONFIG for c in state.columns):
+                runs = runs.defer("config", "notes")  # the config columns' cells read the configs
+            # Archived runs only on request (``archived=1``), and then only they.
+            shown = housekeeping.archived if params["archived"] else housekeeping.listed
+            qs = table.annotate(
+                selectors.filter_runs(
+                    shown(runs),
+                    statuses=params["status"],
+                    tags=[params["tag"]] if params["tag"] else [],
+                    q=params["q"],
+                    created_by=None,
+                ),
+                state,
+            )
+            if grouping:
+                page_obj = _page_of(table.grouped(qs, state, params["sort"]), params["page"], one_pass=True)
+                groups = columns.group_rows(state, list(page_obj.object_list), query)
+            else:
+                page_obj = _page_of(qs.order_by(*order), params["page"], one_pass=bool(state.wheres))
+                rows = _run_rows(list(page_obj.object_list), state, project, errors)
+        except DatabaseError:
+            log.exception("runs table of project %s failed", project.pk)
+            errors.append("The runs could not be loaded: the database did not answer. Try again in a moment.")
+            http_status = 503
+    filtered = bool(params["status"] or params["tag"] or params["q"] or params["archived"] or state.wheres)
+    here = query(page=page_obj.number if page_obj is not None else None)
     context = {
         "project": project,
         "team": project.team,
@@ -392,6 +485,8 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
         "is_admin": role is not None and role.at_least(Role.ADMIN),
         "base": base,
         "rows": rows,
+        "groups": groups,
+        "grouping": grouping,
         "page": page_obj,
         "loaded": page_obj is not None,
         "params": params,
@@ -400,20 +495,74 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
         "here": here,
         "here_query": here[len(base) + 1 :],
         "sort_links": _sort_links(base, params),
-        "prev_url": base + _query(params, page=page_obj.previous_page_number())
+        "columns": columns.headers(state, query, params["sort"]),
+        "state": state,
+        "prev_url": query(page=page_obj.previous_page_number())
         if page_obj is not None and page_obj.has_previous()
         else "",
-        "next_url": base + _query(params, page=page_obj.next_page_number())
+        "next_url": query(page=page_obj.next_page_number())
         if page_obj is not None and page_obj.has_next()
         else "",
         "statuses": [(s.value, s.label, s.value in params["status"]) for s in RunStatus],
         "status_meta": {s.value: {"label": s.label, "badge": s.badge} for s in RunStatus},
-        "clear_url": base + _query({"sort": params["sort"]}),
+        "ungrouped_url": query(page=None, group=[]),
+        "clear_url": query(status=None, tag=None, q=None, archived=None, where=None, page=None),
     }
-    template = "pages/teams/_runs_results.html" if _is_htmx(request) else "pages/teams/project.html"
+    if fragment:
+        template = "pages/teams/_group_runs.html"
+    elif _is_htmx(request):
+        template = "pages/teams/_runs_results.html"
+    else:
+        template = "pages/teams/project.html"
+        context["where_choices"] = columns.where_choices(state)
+        context["config_keys"], context["metric_names"] = table.catalog(runs_of_project)
+        context["drop_group_urls"] = [(g, query(page=None, drop_group=g)) for g in state.group_by]
+        context["drop_where_urls"] = [(w.label, query(page=None, drop_where=w.text)) for w in state.wheres]
     response = render(request, template, context, status=http_status)
     patch_vary_headers(response, ["HX-Request"])
     return response
+
+
+def _page_of(qs: Any, number: int, *, one_pass: bool) -> Page:
+    """Page ``number`` of ``qs`` (as ``Paginator.get_page``: past the end, the last page).
+
+    With ``one_pass`` the total comes from the page's own query (``COUNT(*) OVER ()``): a table
+    filtered by config values and metric summaries then evaluates its filters once, not once to
+    count and again for the page. Without filters a plain count is cheaper (an index-only count,
+    and the page's rows read through the sort's index up to the limit)."""
+    if not one_pass:
+        return Paginator(qs, PAGE_SIZE).get_page(number)
+    counted = qs.annotate(total_rows=Window(Count("*")))
+    start = (number - 1) * PAGE_SIZE
+    rows = list(counted[start : start + PAGE_SIZE])
+    if rows:
+        first = rows[0]
+        total = first["total_rows"] if isinstance(first, dict) else first.total_rows
+    else:
+        total = qs.count() if number > 1 else 0
+    paginator = Paginator([], PAGE_SIZE)
+    paginator.count = total  # type: ignore[misc]  # a cached_property: the total is known
+    if not rows and number > 1 and total:
+        return _page_of(qs, paginator.num_pages, one_pass=True)
+    return Page(rows, number if rows else 1, paginator)
+
+
+def _run_rows(
+    runs: list[Run], state: table.TableState, project: Project, errors: list[str]
+) -> list[dict[str, Any]]:
+    """A page of runs as rows: fixed cells, sparklines, alert counts and the chosen columns."""
+    try:
+        sparks = sparkline.sparklines([r.pk for r in runs], SPARK_METRIC)
+    except DatabaseError:  # the table is still useful without its trends
+        log.warning("sparklines of project %s failed", project.pk, exc_info=True)
+        sparks = {}
+        errors.append("The reward trends could not be loaded; the rest of the table is up to date.")
+    now = timezone.now()
+    alert_counts = alert_listing.counts_for([r.pk for r in runs])
+    return [
+        {**_row(r, now, sparks), "alerts": alert_counts.get(r.pk, 0), "cells": columns.run_cells(state, r)}
+        for r in runs
+    ]
 
 
 def _selected_ids(request: HttpRequest) -> tuple[list[int], list[str]]:

@@ -2,15 +2,19 @@
 // EMA smoothing (raw faint, smoothed solid), x by step or wall time, log scale, drag-zoom with
 // double-click reset, cursors synced across charts, min/max bands where the history was
 // downsampled, panels picked and pinned (localStorage). Updates are batched per animation frame.
-// One grid serves a run (one run, colour per metric) and compare (colour per run).
+// One grid serves a run (one run, colour per metric) and compare: one panel per metric, one
+// colour per run (the run's slot on the page), or per group of runs with its mean and band.
 // The data (merging, thinning, alignment, smoothing) is series.js's; this module is the DOM.
 
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { formatDuration, formatNumber, formatTick } from "./format.js";
+import { groupStats } from "./groups.js";
 import { SeriesStore, chartData, sparse, supersededView, xRange } from "./series.js";
 
-export const PALETTE = ["#2160c4", "#d9480f", "#2b8a3e", "#ae3ec9", "#c92a2a", "#1098ad", "#f08c00", "#5c940d",
-  "#862e9c", "#495057", "#e64980", "#364fc7"];
+// Twelve colours told apart on white (compare shows up to 12 runs, one colour each): distinct
+// hues first, then dark and light ones.
+export const PALETTE = ["#2160c4", "#d9480f", "#2b8a3e", "#c92a2a", "#7048e8", "#1098ad", "#e64980", "#8c564b",
+  "#868e96", "#b08900", "#212529", "#74c0fc"];
 const DASHES = [null, [6, 3], [2, 3], [10, 3, 2, 3], [1, 4]];
 const PIN_KEY = "tributary.charts.pins";
 const HIDE_KEY = "tributary.charts.hidden";
@@ -61,6 +65,13 @@ const DEFAULT_PANELS = [
   { id: "system_gpu_power", title: "System: GPU power (W)", take: (n) => /^system\/gpu\d+\/power_w$/.test(n) },
 ];
 
+// The default RL metrics among `names`, in the default panels' order: the panels compare opens with.
+export function defaultMetrics(names) {
+  const out = [];
+  for (const def of DEFAULT_PANELS) for (const n of [...names].sort()) if (def.take(n) && !out.includes(n)) out.push(n);
+  return out;
+}
+
 function panelFor(name) {
   for (const def of DEFAULT_PANELS) if (def.take(name)) return def.id;
   const slash = name.indexOf("/");
@@ -92,6 +103,8 @@ export class ChartGrid {
     this.alerts = []; // health alerts marked on the panels of their metric: {step, metric, rule}
     this.panels = new Map(); // id -> panel state
     this.hiddenRuns = new Set();
+    this.shown = []; // compare: the metrics that have a panel, in page order
+    this.groups = null; // compare: {list: [{label, slots, colour}], band} while grouped
     this.pins = readList(PIN_KEY);
     this.hidden = new Set(readList(HIDE_KEY));
     this.frame = 0;
@@ -114,16 +127,68 @@ export class ChartGrid {
   // History from /metrics/series for run `r` (index into runs).
   loadHistory(r, seriesList) {
     for (const s of seriesList) {
-      if (!s.step.length) continue;
+      if (!s.step.length || (this.compare && !this.shown.includes(s.name))) continue;
       this.series(r, s.name).load(s);
     }
+  }
+
+  // The panel of metric `name`: its default panel (or its prefix's) on a run; its own in compare.
+  panelOf(name) { return this.compare ? "metric:" + name : panelFor(name); }
+
+  // Compare: give metric `name` a panel (its history is the page's to load); false if it had one.
+  showMetric(name) {
+    if (this.shown.includes(name)) return false;
+    this.shown.push(name);
+    this.layoutDirty = true;
+    this.schedule();
+    return true;
+  }
+
+  // Compare: drop the panel of metric `name` and the series it drew.
+  hideMetric(name) {
+    const i = this.shown.indexOf(name);
+    if (i < 0) return;
+    this.shown.splice(i, 1);
+    const panel = this.panels.get(this.panelOf(name));
+    if (panel) this.dropPanel(panel);
+    for (const [key, series] of this.store.series) if (series.name === name) this.store.series.delete(key);
+    this.layoutDirty = true;
+    this.schedule();
+  }
+
+  dropPanel(panel) {
+    if (panel.plot) panel.plot.destroy();
+    if (this.resize) this.resize.unobserve(panel.body);
+    if (this.seen) this.seen.unobserve(panel.el);
+    panel.el.remove();
+    this.panels.delete(panel.id);
+  }
+
+  // Compare: run `r` (its slot) left the page: its series go, the panels redraw without it.
+  removeRun(r) {
+    for (const [key, series] of this.store.series) {
+      if (series.run !== r) continue;
+      this.store.series.delete(key);
+      const panel = this.panels.get(this.panelOf(series.name));
+      if (panel) { panel.keys = panel.keys.filter((k) => k !== key); panel.rebuild = true; }
+    }
+    this.hiddenRuns.delete(r);
+    delete this.runs[r];
+    this.schedule();
+  }
+
+  // Compare: draw groups of runs ({label, slots, colour} each) as their mean and `band`
+  // ("minmax" or "std", groups.js), or each run again with null.
+  setGroups(list, band = "minmax") {
+    this.groups = list && list.length ? { list, band } : null;
+    this.redraw(true);
   }
 
   // The series of metric `name` of run `r`; a new one gets its place in a panel.
   series(r, name) {
     const { key, series, created } = this.store.ensure(r, name);
     if (created) {
-      const id = panelFor(name);
+      const id = this.panelOf(name);
       let panel = this.panels.get(id);
       if (!panel) panel = this.addPanel(id);
       panel.keys.push(key);
@@ -140,7 +205,8 @@ export class ChartGrid {
     for (const name in values) {
       const v = values[name];
       if (v == null) continue;
-      if (this.series(r, name).push(step, time, v)) this.panels.get(panelFor(name)).dirty = true;
+      if (this.compare && !this.shown.includes(name)) continue;
+      if (this.series(r, name).push(step, time, v)) this.panels.get(this.panelOf(name)).dirty = true;
     }
     this.schedule();
   }
@@ -150,7 +216,8 @@ export class ChartGrid {
   rewind(r, step) {
     for (const series of this.store.series.values()) {
       if (series.run !== r || !series.rewind(step)) continue;
-      this.panels.get(panelFor(series.name)).rebuild = true;
+      const panel = this.panels.get(this.panelOf(series.name));
+      if (panel) panel.rebuild = true;
     }
     this.schedule();
   }
@@ -211,7 +278,8 @@ export class ChartGrid {
   // --- panels ----------------------------------------------------------------------------
 
   addPanel(id) {
-    const def = DEFAULT_PANELS.find((d) => d.id === id) || { id, title: id.slice(6) + "/*", take: () => false };
+    const def = this.compare ? { id, title: id.slice(7), take: () => false }
+      : DEFAULT_PANELS.find((d) => d.id === id) || { id, title: id.slice(6) + "/*", take: () => false };
     const el = document.createElement("section");
     el.className = "chart-panel";
     el.dataset.panel = id;
@@ -227,6 +295,16 @@ export class ChartGrid {
     pin.setAttribute("aria-label", "Pin " + def.title);
     pin.addEventListener("click", () => this.togglePin(id));
     head.append(h, pin);
+    if (this.compare) {
+      el.dataset.metric = def.title;
+      const close = document.createElement("button");
+      close.type = "button";
+      close.className = "pin secondary panel-close";
+      close.textContent = "✕";
+      close.setAttribute("aria-label", "Remove the panel " + def.title);
+      close.addEventListener("click", () => { this.hideMetric(def.title); if (this.onHide) this.onHide(def.title); });
+      head.append(close);
+    }
     const body = document.createElement("div");
     body.className = "chart-body";
     el.append(head, body);
@@ -244,7 +322,7 @@ export class ChartGrid {
     const rank = (id) => {
       const pinned = this.pins.indexOf(id);
       if (pinned >= 0) return [0, pinned, ""];
-      const d = defaults.indexOf(id);
+      const d = this.compare ? this.shown.indexOf(id.slice(7)) : defaults.indexOf(id);
       return d >= 0 ? [1, d, ""] : [2, 0, id];
     };
     return ids.slice().sort((a, b) => {
@@ -258,8 +336,8 @@ export class ChartGrid {
   // The metrics of the panel that comes first on the page (not hidden), among `names`: the
   // page fetches their history first so one chart is drawn before the rest has arrived.
   firstPanelNames(names) {
-    const ids = this.sortIds([...new Set(names.map(panelFor))]).filter((id) => !this.hidden.has(id));
-    return ids.length ? names.filter((n) => panelFor(n) === ids[0]) : [];
+    const ids = this.sortIds([...new Set(names.map((n) => this.panelOf(n)))]).filter((id) => !this.hidden.has(id));
+    return ids.length ? names.filter((n) => this.panelOf(n) === ids[0]) : [];
   }
 
   layout() {
@@ -323,6 +401,7 @@ export class ChartGrid {
   setLog(on) { this.opts.log = on; this.redraw(true); }
   setRunVisible(r, show) {
     if (show) this.hiddenRuns.delete(r); else this.hiddenRuns.add(r);
+    if (this.groups) { this.redraw(true); return; } // a group's mean is over its shown runs
     for (const panel of this.panels.values()) {
       if (!panel.plot) continue;
       panel.seriesRuns.forEach((run, i) => { if (run === r) panel.plot.setSeries(i + 1, { show }); });
@@ -341,13 +420,29 @@ export class ChartGrid {
     return this.compare ? PALETTE[r % PALETTE.length] : PALETTE[nameIndex % PALETTE.length];
   }
 
+  // Compare, grouped: per group, the mean of its shown runs' series of this panel with its band,
+  // as one series (groups.js); `group` carries the label and colour.
+  groupSeries(list) {
+    const out = [];
+    for (const group of this.groups.list) {
+      const members = list.filter((s) => group.slots.includes(s.run) && !this.hiddenRuns.has(s.run));
+      if (!members.length) continue;
+      const stats = groupStats(members, this.groups.band);
+      if (!stats.step.length) continue;
+      out.push({ run: group.slots[0], name: members[0].name, group, step: stats.step, time: stats.time,
+        value: stats.value, lo: stats.lo, hi: stats.hi });
+    }
+    return out;
+  }
+
   // Build the aligned arrays of a panel and hand them to uPlot (creating it when needed).
   draw(panel) {
     panel.dirty = false;
     const xMode = this.opts.x;
     const keys = panel.keys;
     const log = this.opts.log;
-    const series = keys.map((key) => this.store.byKey(key));
+    let series = keys.map((key) => this.store.byKey(key));
+    if (this.compare && this.groups) series = this.groupSeries(series);
     if (this.opts.superseded) {
       for (const one of keys.map((key) => this.store.byKey(key))) {
         const view = supersededView(one);
@@ -365,8 +460,15 @@ export class ChartGrid {
     panel.el.dataset.points = String(points);
     panel.el.dataset.superseded = String(panel.faded);
     panel.el.dataset.series = String(keys.length);
+    if (this.compare) {
+      // Which colour each line has (the lines are canvas): "run id:colour", "group<i>:colour" grouped.
+      panel.el.dataset.colours = series.map((one) => (one.group ? "group" + this.groups.list.indexOf(one.group) : this.runs[one.run]?.id) + ":"
+        + (one.group ? one.group.colour : this.colour(panel, one.run, 0))).join(" ");
+      panel.el.dataset.groups = String(series.filter((one) => one.group).length);
+      panel.el.dataset.bands = String(series.filter((one) => one.group && one.lo.some((v, i) => v !== one.hi[i])).length);
+    }
     const data = [x, ...ys];
-    const signature = keys.join(",") + "|" + xMode + "|" + log + "|" + series.length;
+    const signature = keys.join(",") + "|" + xMode + "|" + log + "|" + series.length + "|" + (this.groups ? "g" : "");
     if (panel.plot && panel.signature === signature && !panel.rebuild) {
       panel.plot.setData(data, !panel.zoomed);
       return;
@@ -374,7 +476,7 @@ export class ChartGrid {
     panel.rebuild = false;
     if (panel.plot) { panel.plot.destroy(); panel.plot = null; }
     panel.signature = signature;
-    panel.seriesRuns = series.map((one) => one.run);
+    panel.seriesRuns = series.map((one) => (one.group ? -1 : one.run));
     panel.plot = new uPlot(this.plotOptions(panel, series, names), data, panel.body);
     panel.zoomed = false;
     panel.plot.over.addEventListener("dblclick", () => { panel.zoomed = false; });
@@ -389,15 +491,16 @@ export class ChartGrid {
     const bands = [];
     list.forEach((one, i) => {
       const nameIndex = names.indexOf(one.name);
-      const colour = this.colour(panel, one.run, nameIndex);
-      const named = this.compare ? `${this.runs[one.run].name} · ${one.name}` : one.name;
+      const colour = one.group ? one.group.colour : this.colour(panel, one.run, nameIndex);
+      // Compare: a panel is one metric, so a line is named by its run (or group) alone.
+      const named = one.group ? one.group.label : this.compare ? this.runs[one.run].name : one.name;
       const label = one.faded ? `${named} (superseded)` : named;
       const opt = {
         label, stroke: one.faded ? colour + "66" : colour, width: one.faded ? 1 : 1.5, spanGaps: true,
         // A line needs two points: show the dots while the series has fewer than three.
         points: { show: (u, si) => sparse(u.data[si]), size: 7, fill: colour },
         scale: hasY2 && def.y2(one.name) ? "y2" : "y",
-        show: !this.hiddenRuns.has(one.run),
+        show: !!one.group || !this.hiddenRuns.has(one.run),
         value: (u, v, si, idx) => formatNumber(idx == null ? v : panel.own[si - 1][idx]),
       };
       if (this.compare) opt.dash = DASHES[nameIndex % DASHES.length] || undefined;

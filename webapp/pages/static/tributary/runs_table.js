@@ -55,6 +55,10 @@ function afterResults() {
   if (!box) return;
   const sort = document.getElementById("filter-sort");
   if (sort && box.dataset.sort) sort.value = box.dataset.sort;
+  // The column, group and filter forms (plain GET forms) keep the order the table has now.
+  for (const input of document.querySelectorAll("#table-columns input.table-sort")) {
+    if (box.dataset.sort) input.value = box.dataset.sort;
+  }
   const back = document.getElementById("bulk-return-query");
   if (back && box.dataset.here) back.value = (box.dataset.here.split("?")[1] || "");
   const notice = document.getElementById("live-new-runs");

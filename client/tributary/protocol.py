@@ -52,8 +52,29 @@ Shipping is stop-and-wait per batch: send a batch, wait for its ack, send the ne
 
 from __future__ import annotations
 
-# Close codes, and the ones after which reconnecting cannot help (the supervisor stops the run
-# instead), are in engine.contracts with the other contracts between the parts.
+import re
+
+# ----------------------------------------------------------------------------- close codes
+# 4000-4999 are the application's (RFC 6455 section 7.4.2). engine.contracts re-exports them
+# with the other contracts between the parts (the browser sockets' codes are there).
+CLOSE_BAD_MESSAGE = 4400  # not JSON, not an object, unknown message type (browser sockets too)
+CLOSE_BAD_TOKEN = 4401  # missing, forged or expired token: get a new one by requeueing
+CLOSE_WRONG_RUN = 4403  # a valid token, but for another run
+CLOSE_NO_RUN = 4404  # the run does not exist (deleted)
+CLOSE_RUN_OVER = 4410  # the engine's final status is stored: the attempt takes no more events
+CLOSE_TOO_BIG = 4413  # message larger than the limit
+CLOSE_BAD_EVENT = 4422  # an event without a usable seq; nothing of the batch was stored
+CLOSE_UNAVAILABLE = 1011  # the database failed: the worker reconnects and resends
+# Codes after which reconnecting cannot help: the worker's supervisor stops the run instead.
+FATAL_CLOSE_CODES: frozenset[int] = frozenset(
+    {CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_RUN_OVER, CLOSE_BAD_EVENT}
+)
+
+# Where the engine writes an event's seq: right at the start (``{"run":..,"seq":N,...``); read
+# without parsing a line json cannot (nested too deeply). The shipper and engine.events read it.
+SEQ_AT_START = re.compile(
+    rb'^\s*\{\s*"run"\s*:\s*(?:"[^"\\]{0,200}"|-?\d{1,20}|null)\s*,\s*"seq"\s*:\s*(\d{1,19})\s*[,}]'
+)
 
 # How deep one event's JSON may nest on the socket. The engine writes at most
 # ``engine.events.MAX_DEPTH`` (32) levels; the worker replaces a line deeper than this by a

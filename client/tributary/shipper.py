@@ -1,6 +1,6 @@
 """At-least-once shipping of a run's JSONL event log to the web app's ingest socket.
 
-One ``EventShipper`` per run, in its own thread, speaking ``jobs/protocol.py`` with a
+One ``EventShipper`` per run, in its own thread, speaking ``client/tributary/protocol.py`` with a
 ``websockets`` sync client:
 
 - It tails the engine's event log (``EventLog``): only lines ending with a newline count, so
@@ -50,10 +50,9 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import ConnectionClosed, InvalidURI, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from engine.contracts import FATAL_CLOSE_CODES
-from engine.events import SEQ_AT_START
-from jobs.protocol import (
+from tributary.protocol import (
     ATTACH_CLAIM,
+    FATAL_CLOSE_CODES,
     HELLO_CLAIMS,
     HELLO_OUTPUT_OFFSET,
     HELLO_OUTPUT_STREAM,
@@ -64,6 +63,7 @@ from jobs.protocol import (
     MSG_CLAIM,
     OUTPUT_CHUNK_BYTES,
     PING_INTERVAL_S,
+    SEQ_AT_START,
 )
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class _Reconnect(Exception):
 
 @dataclass
 class Hello:
-    """The web app's first message on a connection (see ``jobs/protocol.py``)."""
+    """The web app's first message on a connection (see ``client/tributary/protocol.py``)."""
 
     last_seq: int
     status: str
@@ -226,7 +226,11 @@ class EventLog:
                 if out:
                     break  # it goes alone, as the first of the next batch
                 raw = oversized_stand_in(seq, raw, self.run, self.path)
-                log.warning("event %s of %s is larger than an ingest message; shipping a log event instead", seq, self.path)
+                log.warning(
+                    "event %s of %s is larger than an ingest message; shipping a log event instead",
+                    seq,
+                    self.path,
+                )
             if size + len(raw) + 1 >= max_bytes:
                 break
             if self.run is None:
@@ -463,7 +467,11 @@ class EventShipper:
                     self.backoff_delays.append(delay)
                     log.warning(
                         "run %s: ingest connection to %s lost (%s); reconnecting in %.1f s (attempt %d)",
-                        self.run_id, self.web_url, _describe(exc), delay, attempt,
+                        self.run_id,
+                        self.web_url,
+                        _describe(exc),
+                        delay,
+                        attempt,
                     )
                     self._stop.wait(min(delay, self._time_left()))
                 except Exception as exc:  # a bug: stop clearly rather than die silently
@@ -485,7 +493,9 @@ class EventShipper:
             log.error(
                 "run %s: gave up shipping after the drain timeout; events after seq %d were not acked "
                 "and stay in %s",
-                self.run_id, self.acked_seq, self.log.path,
+                self.run_id,
+                self.acked_seq,
+                self.log.path,
             )
         return True
 
@@ -621,7 +631,9 @@ class EventShipper:
                 self.on_cancel(str(msg.get("message") or "cancelled"))
         elif kind == "error":
             self.last_error_message = str(msg.get("message") or "")
-            log.warning("run %s: the web app reports error %s: %s", self.run_id, msg.get("code"), msg.get("message"))
+            log.warning(
+                "run %s: the web app reports error %s: %s", self.run_id, msg.get("code"), msg.get("message")
+            )
         elif kind == "ack":
             pass  # an ack while no batch is out: nothing to do
         else:
@@ -683,7 +695,10 @@ class EventShipper:
                     self.quarantined.extend(q for q in quarantined if isinstance(q, int))
                     log.warning(
                         "run %s: the web app could not store events %s and quarantined them (see the "
-                        "run's Logs tab); they stay in %s", self.run_id, quarantined, self.log.path,
+                        "run's Logs tab); they stay in %s",
+                        self.run_id,
+                        quarantined,
+                        self.log.path,
                     )
                 return
             self._handle(msg)

@@ -1,0 +1,111 @@
+"""Keeping ``MetricSummary`` rows at ingest: one upsert per events batch.
+
+``record`` folds a batch's metric points into the stored summaries in one statement
+(``INSERT ... ON CONFLICT (run, name) DO UPDATE``, on PostgreSQL and SQLite alike): min and max
+combine with LEAST/GREATEST (``min``/``max`` of two arguments on SQLite), the count adds up, and the
+last value moves only to a point at a later step than the stored one (a step logged again keeps
+its first value, as the points do: ``bulk.py`` ignores the repeat). ``rebuild`` recomputes a run's summaries from its points
+not superseded, for a resume that rewound the run (``webapp.runs.ingest._supersede``): min, max and
+the last value of a rewound history cannot be derived from the old summary.
+
+Both run inside ingest's transaction, under the run's row lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, Max, Min, OuterRef, Subquery
+
+from webapp.analysis.models import MetricSummary
+
+# What ingest hands over: (run_id, name, step, value, time, seq, attempt), ``bulk.PointRow``.
+Point = tuple[Any, ...]
+
+MAX_ROWS_PER_STATEMENT = 500  # 7 parameters a row: well under SQLite's 32,766 and PostgreSQL's 65,535
+
+
+def _folded(points: Iterable[Point]) -> dict[tuple[int, str], list[Any]]:
+    """Per (run, name): [last, last_step, min, max, count, attempt of the last], points in seq order.
+
+    A metric an attempt logs twice at one step is stored once (its first value, ``bulk.py``'s
+    ignore-conflicts); the repeat is recognised here as the same step and attempt as the metric's
+    latest point, which is where an engine repeats one (one pass, no set of every point: this runs
+    for every point ingested)."""
+    out: dict[tuple[int, str], list[Any]] = {}
+    for run_id, name, step, value, _time, _seq, attempt in points:
+        row = out.get((run_id, name))
+        if row is None:
+            out[run_id, name] = [value, step, value, value, 1, attempt]
+            continue
+        if step == row[1] and attempt == row[5]:
+            continue
+        if step >= row[1]:
+            row[0], row[1], row[5] = value, step, attempt
+        if value < row[2]:
+            row[2] = value
+        elif value > row[3]:
+            row[3] = value
+        row[4] += 1
+    return out
+
+
+def record(points: Sequence[Point]) -> None:
+    """Fold ``points`` (a batch as ingest stores them) into the summaries: one statement per
+    500 metric names of the batch (a batch of one run's steps has tens)."""
+    folded = _folded(points)
+    if not folded:
+        return
+    table = connection.ops.quote_name(MetricSummary._meta.db_table)
+    least, greatest = ("LEAST", "GREATEST") if connection.vendor == "postgresql" else ("MIN", "MAX")
+    rows = [(run_id, name, *values[:5]) for (run_id, name), values in folded.items()]
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), MAX_ROWS_PER_STATEMENT):
+            chunk = rows[start : start + MAX_ROWS_PER_STATEMENT]
+            placeholders = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+            cursor.execute(
+                f"INSERT INTO {table} AS s (run_id, name, last, last_step, min, max, count) "
+                f"VALUES {placeholders} ON CONFLICT (run_id, name) DO UPDATE SET "
+                "last = CASE WHEN excluded.last_step > s.last_step THEN excluded.last ELSE s.last END, "
+                f"last_step = {greatest}(s.last_step, excluded.last_step), "
+                f"min = {least}(s.min, excluded.min), max = {greatest}(s.max, excluded.max), "
+                "count = s.count + excluded.count",
+                [value for row in chunk for value in row],
+            )
+
+
+def rebuild(run_id: int) -> None:
+    """Recompute run ``run_id``'s summaries from its points not superseded (after a rewind):
+    three queries, whatever the number of metrics."""
+    from webapp.runs.models import MetricPoint  # the runs app imports this module at ingest
+
+    MetricSummary.objects.filter(run_id=run_id).delete()
+    MetricSummary.objects.bulk_create(summaries_from_points(MetricPoint, run_id), batch_size=500)
+
+
+def summaries_from_points(point_model: Any, run_id: int, summary_model: Any = MetricSummary) -> list[Any]:
+    """A run's summaries computed from its stored points (``point_model``: the model class, or
+    the migration's historical one for the backfill)."""
+    history = point_model.objects.filter(run_id=run_id, superseded=False)
+    last_value = (
+        history.filter(name=OuterRef("name")).order_by("-step", "-attempt", "-seq").values("value")[:1]
+    )
+    rows = (
+        history.values("name")
+        .annotate(lo=Min("value"), hi=Max("value"), n=Count("id"), at=Max("step"), last=Subquery(last_value))
+        .order_by()
+    )
+    return [
+        summary_model(
+            run_id=run_id,
+            name=r["name"],
+            last=r["last"],
+            last_step=r["at"],
+            min=r["lo"],
+            max=r["hi"],
+            count=r["n"],
+        )
+        for r in rows
+    ]

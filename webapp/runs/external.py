@@ -1,0 +1,196 @@
+"""External runs: a run whose training happens in the user's own script (issue 17).
+
+The script (the client library, verl's ``follow``, TRL's callback) creates the run through the
+API (``POST /api/runs/external``), gets an ingest URL and token, and ships its events over the
+same ingest socket a worker's supervisor uses (``tributary.protocol``). Nothing here queues it,
+places it, re-sends it, resumes it or marks it lost: it has no worker
+(``placement``, ``reconcile``, ``sweeper`` leave ``Run.origin == external`` alone).
+
+Its life, in the state machine of ``webapp.runs.choices``:
+
+- created ``queued``, its status line ``placement.EXTERNAL_WAITING`` (waiting for its script);
+- the script's ``attach`` moves it to ``starting``, its status line where it reports from
+  (``services.claim_run``); its own status events move it on as an engine's do;
+- Cancel records the request and tells the connected script (``cancel`` on the socket,
+  ``hello.cancel`` on a reconnect); the run ends with the script's final status.
+
+Idempotent creation: the script names the run with a ``client_id`` (a UUID it keeps, e.g. in its
+offline log): the same id in the same project returns the same run with a fresh token, so a
+restarted script or a retried request never makes two runs.
+
+The config is the script's own, free-form: never validated against the engine's schema and never
+executed, only bounded (``MAX_CONFIG_BYTES`` of JSON, ``MAX_CONFIG_DEPTH`` levels, storable text).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from engine.events import MAX_DEPTH
+from webapp.inputs import json_problem
+from webapp.live import announce
+from webapp.runs.choices import RunOrigin, RunStatus
+from webapp.runs.models import Run
+from webapp.runs.placement import EXTERNAL_WAITING, reporting_from, taken_by
+from webapp.runs.services import RunConfigInvalid
+from webapp.runs.tokens import ingest_token
+from webapp.teams.models import Project
+
+MAX_CONFIG_BYTES = 256 * 1024
+"""A script's config as compact JSON: hyperparameters and paths, not data (the engine's own
+configs are a few KiB; W&B's run config is similar in practice)."""
+MAX_CONFIG_DEPTH = MAX_DEPTH
+"""Nesting levels, as an engine event may hold (``engine.events.MAX_DEPTH``)."""
+QUEUE = "external"
+"""What ``Run.queue`` holds for an external run: no worker queue (none is ever sent to it)."""
+
+
+class ExternalRefused(ValueError):
+    """The external run cannot be created or given a token as asked (a 409: the project's or
+    the run's state forbids it); the message says why and what to do."""
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deeply ``value`` nests, counted up to ``limit + 1`` (no deeper walk: bounded work)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level > limit:
+                return level
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def check_config(config: Any) -> dict[str, Any]:
+    """The script's config as stored, or ``RunConfigInvalid`` naming ``config`` and the bound.
+
+    An object, at most ``MAX_CONFIG_DEPTH`` levels deep and ``MAX_CONFIG_BYTES`` as JSON, with
+    text and numbers a JSON column can store (``webapp.inputs.json_problem``)."""
+    if not isinstance(config, dict):
+        raise RunConfigInvalid(
+            [("config", f"must be an object of the script's settings, got {type(config).__name__}")]
+        )
+    depth = _depth(config, MAX_CONFIG_DEPTH)
+    if depth > MAX_CONFIG_DEPTH:
+        raise RunConfigInvalid(
+            [("config", f"nests deeper than {MAX_CONFIG_DEPTH} levels: flatten it (e.g. 'optim.lr': 1e-5)")]
+        )
+    problem = json_problem(config)
+    if problem:
+        raise RunConfigInvalid([("config", problem)])
+    size = len(json.dumps(config, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    if size > MAX_CONFIG_BYTES:
+        raise RunConfigInvalid(
+            [
+                (
+                    "config",
+                    f"is {size} bytes as JSON; the limit is {MAX_CONFIG_BYTES}: keep settings there and "
+                    "log data (datasets, prompts) as samples or files",
+                )
+            ]
+        )
+    return config
+
+
+def check_project(project: Project) -> None:
+    if project.archived_at is not None:
+        raise ExternalRefused(
+            f"project {project.team.slug}/{project.slug} is archived: restore it (its team's page, "
+            "Archived view) or create the run in another project"
+        )
+
+
+def create_external_run(
+    project: Project,
+    user: Any,
+    *,
+    name: str,
+    config: dict[str, Any],
+    tags: list[str],
+    client_id: uuid.UUID | None,
+) -> tuple[Run, bool]:
+    """The external run of ``client_id`` in ``project`` (created now, or the one made before with
+    it) and whether it was created. Its attempt 1 comes with it (``Run.save``)."""
+    config = check_config(config)
+    if client_id is not None:
+        found = Run.objects.filter(project=project, client_id=client_id).first()
+        if found is not None:  # its script again (a restart, a retry): archived since or not
+            return found, False
+    check_project(project)
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                project=project,
+                created_by=user if getattr(user, "is_authenticated", False) else None,
+                name=name.strip()[:200],
+                config=config,
+                tags=list(tags),
+                origin=RunOrigin.EXTERNAL,
+                client_id=client_id,
+                queue=QUEUE,
+                attempt=1,
+                status=RunStatus.QUEUED,
+                status_message=EXTERNAL_WAITING,
+            )
+            announce.status_changed(run.pk, queue_moved=False)
+    except IntegrityError:
+        # Two requests with one client_id at once: the constraint let one in; this is the other.
+        found = Run.objects.filter(project=project, client_id=client_id).first() if client_id else None
+        if found is None:
+            raise
+        return found, False
+    return run, True
+
+
+def token_for(run: Run) -> str:
+    """A fresh ingest token for the external run's script (its one attempt), or
+    ``ExternalRefused`` for an engine run: only its worker ships its events."""
+    if not run.is_external:
+        raise ExternalRefused(
+            f"run {run.pk} is an engine run: its worker ships its events with the token its queue "
+            "message carries; ingest tokens are given out for external runs only"
+        )
+    return ingest_token(run.pk, run.attempt)
+
+
+def attach_script(run_id: int, host: str, pid: int | None) -> Run | None:
+    """The external run's script attached to its ingest socket (``attach``: its host and pid).
+
+    The script holds the run: there is no claim to win (a restarted script, with a new process,
+    carries on the same run; only the token says who may ship). A queued run becomes starting,
+    its status line where the script reports from; a started one notes the script's new host and
+    pid (a restart) until the script's own status says more. None when the run is gone."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            return None
+        where = taken_by(host, external=True, pid=pid)
+        fields = {"worker_host": host, "client_pid": pid, "worker_seen_at": timezone.now()}
+        if run.status == RunStatus.QUEUED:
+            run.transition(RunStatus.STARTING, message=where, **fields)
+            announce.status_changed(run.pk, queue_moved=False)
+        elif not RunStatus(run.status).is_final and (run.worker_host, run.client_pid) != (host, pid):
+            if run.status == RunStatus.STARTING:  # still the words of an attach: the new ones
+                fields["status_message"] = where
+            Run.objects.filter(pk=run.pk).update(**fields)
+            announce.status_changed(run.pk, queue_moved=False)
+        else:
+            Run.objects.filter(pk=run.pk).update(worker_seen_at=fields["worker_seen_at"])
+    return run
+
+
+def banner(run: Run) -> str:
+    """The run page's line for an external run: where its script reports from, or that the page
+    waits for it (before its first ``attach``)."""
+    final = RunStatus(run.status).is_final
+    if not run.worker_host and run.client_pid is None:
+        return "external run" if final else "external run · waiting for its script"
+    verb = "reported" if final else "reporting"
+    return f"external run · {verb} from {reporting_from(run.worker_host, run.client_pid)}"
