@@ -5,8 +5,8 @@ transformers model directory (``model.safetensors``, config, tokenizer: usable a
 ``model.path`` of a new run), ``optimizer.pt`` (optimiser and scheduler; a DeepSpeed run has its ranks' partitions in
 ``deepspeed/`` instead), and ``state.json``
 (step, last event seq, data position with the prompt statistics and the selection's draw count
-(``sampler``: ``engine/data/selection.py``), RNG states, controller values, the config, and the partial
-rollouts in flight that a resume continues). It is
+(``sampler``: ``engine/data/selection.py``), RNG states, controller values, the config, the partial
+rollouts in flight that a resume continues, and the rollout replay buffer). It is
 written into a temporary directory and renamed into place, so a crash never leaves a
 half-written checkpoint where resume would find it.
 """
@@ -41,6 +41,8 @@ class CheckpointState:
     # Rollouts drawn and partly generated but not yet trained (async.partial_rollouts, see
     # engine/pipeline/partial.py: pool_state); empty otherwise and in older checkpoints.
     in_flight: dict[str, Any] = field(default_factory=dict)
+    # The rollout replay buffer (replay.ratio > 0, engine/data/replay.py: state_dict); empty otherwise.
+    replay: dict[str, Any] = field(default_factory=dict)
 
 
 def capture_rng() -> dict[str, str]:

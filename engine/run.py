@@ -254,6 +254,7 @@ def _train(
         )
         if state is not None:
             orchestrator.restore_in_flight(state.in_flight, splits.train)
+            orchestrator.restore_replay(state.replay, splits.train)
         # Only words that stay true while it trains: the step is the metrics' to tell.
         sink.status(
             "running",

@@ -32,6 +32,7 @@ from engine.config.loading import (
 )
 from engine.config.model_data import DataConfig, FieldMapping, ModelConfig, SelectionOptions
 from engine.config.presets import PRESETS
+from engine.config.replay import ReplayConfig
 from engine.config.reward import RewardConfig, RewardFunctionConfig
 from engine.config.rollout import RolloutConfig
 from engine.config.run import RunConfig
@@ -52,6 +53,7 @@ __all__ = [
     "LoggingConfig",
     "ModelConfig",
     "OptimizerConfig",
+    "ReplayConfig",
     "RewardConfig",
     "RewardFunctionConfig",
     "RolloutConfig",

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 from engine.config.algorithm import AlgorithmConfig
 from engine.config.async_rl import AsyncConfig
 from engine.config.model_data import DataConfig, ModelConfig
+from engine.config.replay import ReplayConfig
 from engine.config.reward import RewardConfig
 from engine.config.rollout import RolloutConfig
 from engine.config.section import Section
@@ -43,6 +44,7 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, title="Checkpointing")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, title="Logging")
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async", title="Asynchronous RL")
+    replay: ReplayConfig = Field(default_factory=ReplayConfig, title="Rollout replay")
 
     @model_validator(mode="after")
     def _cross_section(self) -> RunConfig:
@@ -60,7 +62,27 @@ class RunConfig(Section):
             raise ValueError(
                 "algorithm.filter_groups.enable: needs rollout.n >= 2 (a group of one has no variance)"
             )
+        if self.replay.enabled:
+            self._check_replay()
         return self
+
+    def _check_replay(self) -> None:
+        replayed = round(self.replay.ratio * self.trainer.prompts_per_step)
+        if replayed == 0:
+            raise ValueError(
+                f"replay.ratio: {self.replay.ratio} x trainer.prompts_per_step {self.trainer.prompts_per_step} "
+                "rounds to no replayed group; raise the ratio or prompts_per_step, or set ratio 0"
+            )
+        if self.async_.partial_rollouts:
+            raise ValueError(
+                "replay.ratio: rollout replay does not combine with async.partial_rollouts yet; "
+                "set replay.ratio 0 or partial_rollouts false"
+            )
+        if self.replay.max_age <= self.async_.max_staleness:
+            raise ValueError(
+                f"replay.max_age: {self.replay.max_age} versions; a group is at least async.max_staleness + 1 = "
+                f"{self.async_.max_staleness + 1} versions old when replayed, so set max_age above that"
+            )
 
     @property
     def run_dir(self) -> Path:

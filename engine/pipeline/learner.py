@@ -46,20 +46,42 @@ class Learner:
         With one epoch and one mini-batch, strictly on-policy, the policy being updated *is*
         the old policy, so the actor uses its own detached log-probs (ratio exactly 1; verl
         and TRL skip the pass too). KL in the reward needs them before the update, so it
-        keeps the pass.
+        keeps the pass, and so does rollout replay: its replayed rows need the proximal policy.
         """
         t = self.cfg.trainer
         single_update = t.ppo_epochs == 1 and (t.ppo_mini_batch_size or t.prompts_per_step) == t.prompts_per_step
-        return not (single_update and self.cfg.async_.max_staleness == 0 and not self.cfg.algorithm.use_kl_in_reward)
+        on_policy = self.cfg.async_.max_staleness == 0 and not self.cfg.replay.enabled
+        return not (single_update and on_policy and not self.cfg.algorithm.use_kl_in_reward)
 
 
     @property
     def corrects_off_policy(self) -> bool:
         """The decoupled objective (engine/algorithms/off_policy.py) for asynchronous runs: behaviour =
         the rollout's log-probs, proximal = the trainer's recomputation. A synchronous run (k = 0) trains
-        exactly as before."""
+        exactly as before, except for the rows rollout replay adds (``_replay_weights``)."""
         a = self.cfg.async_
         return a.max_staleness > 0 and (a.importance_cap > 0 or a.mask_sequences_above > 0)
+
+    def _replay_weights(self, batch: RolloutBatch, replayed: torch.Tensor) -> dict[str, float]:
+        """The decoupled correction for the rows rollout replay took from its buffer (RR,
+        arXiv:2506.05316): behaviour = their stored sampling log-probs, proximal = the trainer's
+        recomputation, truncated and masked as ``async`` says. An asynchronous run has already
+        weighted the whole batch this way; a synchronous one weights the replayed rows here and
+        leaves its fresh, on-policy rows at exactly 1. Their statistics are ``replay/*``."""
+        a = self.cfg.async_
+        assert batch.old_log_probs is not None
+        idx = replayed.nonzero().squeeze(-1)
+        weights, stats = importance_weights(
+            batch.old_log_probs[idx],
+            batch.rollout_log_probs[idx],
+            batch.response_mask[idx],
+            cap=a.importance_cap,
+            mask_threshold=a.mask_sequences_above,
+        )
+        if not self.corrects_off_policy and (a.importance_cap > 0 or a.mask_sequences_above > 0):
+            batch.is_weights = batch.response_mask.clone()
+            batch.is_weights[idx] = weights
+        return {f"replay/{name.removeprefix('offpolicy/')}": value for name, value in stats.items()}
 
     def log_probs(self, batch: RolloutBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The (old, reference) log-probs ``prepare`` would compute for ``batch`` (None where it needs none)."""
@@ -81,7 +103,9 @@ class Learner:
                 t0 = time.perf_counter()
                 batch.old_log_probs = self.trainer.compute_log_probs(batch)
                 metrics["timing_s/old_logprob"] = time.perf_counter() - t0
-            metrics.update(logprob_mismatch(batch.old_log_probs, batch.rollout_log_probs, mask))
+            replayed = batch.extra.get("replayed")  # rollout replay's rows: their gap is the policy's change
+            fresh = mask if replayed is None else mask * (~replayed).unsqueeze(-1)
+            metrics.update(logprob_mismatch(batch.old_log_probs, batch.rollout_log_probs, fresh))
             if self.corrects_off_policy:
                 batch.is_weights, is_metrics = importance_weights(
                     batch.old_log_probs,
@@ -93,6 +117,8 @@ class Learner:
                 metrics.update(is_metrics)
                 if self.cfg.async_.scale_lr_by_ess and "offpolicy/ess" in is_metrics:
                     batch.extra["lr_scale"] = is_metrics["offpolicy/ess"]
+            if replayed is not None and bool(replayed.any()):
+                metrics.update(self._replay_weights(batch, replayed))
         if needs_reference(self.cfg) and batch.ref_log_probs is None:
             t0 = time.perf_counter()
             batch.ref_log_probs = self.trainer.compute_log_probs(batch, reference=True)

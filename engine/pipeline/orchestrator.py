@@ -24,14 +24,22 @@ from typing import Any
 
 import torch
 
+from engine.batch import RolloutBatch
 from engine.checkpoint import CheckpointState, capture_rng, save_checkpoint
 from engine.config import RunConfig
 from engine.data import Prompt
+from engine.data.replay import ReplayBuffer
 from engine.events import EventSink
 from engine.pipeline.evaluate import evaluate
 from engine.pipeline.learner import Learner
 from engine.pipeline.metrics import rollout_metrics, sample_items
-from engine.pipeline.producer import ProducedBatch, RolloutProducer
+from engine.pipeline.producer import (
+    ProducedBatch,
+    RolloutProducer,
+    collate_trainable,
+    replayed_groups,
+    seed_for,
+)
 from engine.ranks import LAUNCHED_ENV
 from engine.rollout import RolloutBackend
 from engine.system_metrics import PHASE, ProcessTree, SystemSampler
@@ -79,6 +87,8 @@ class Orchestrator:
         self.stop_requested = False
         self.stop_signal = ""  # the signal that asked for the stop, logged by the run loop
         self.history: list[dict[str, float]] = []
+        r = cfg.replay
+        self.replay = ReplayBuffer(r.capacity, r.max_age) if r.enabled else None
 
     # -- signals -------------------------------------------------------------------------
 
@@ -148,6 +158,49 @@ class Orchestrator:
                 "not use partial rollouts, so they are not continued (their prompts are skipped)",
             )
 
+    def restore_replay(self, state: dict[str, Any], prompts: Sequence[Prompt]) -> None:
+        """Take back the rollout replay buffer a checkpoint holds; ``prompts`` are the training prompts."""
+        if self.replay is not None:
+            self.replay.load_state_dict(state, prompts)
+        elif state.get("groups"):
+            self.sink.log(
+                "warning",
+                f"the checkpoint holds {len(state['groups'])} rollout replay groups; this run has replay.ratio 0, "
+                "so they are not replayed",
+            )
+
+    def _mix_replay(self, step: int, batch: RolloutBatch | None) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """Step ``step``'s batch with its replayed groups (rollout replay, engine/data/replay.py) after
+        the fresh ones, marked in ``extra["replayed"]`` ([B] bool) for the learner's off-policy
+        correction. The replayed groups pass no staleness check: ``replay.max_age`` bounds their age."""
+        assert self.replay is not None
+        version = self.trainer.policy_version
+        groups = self.replay.sample(
+            replayed_groups(self.cfg, step), version, seed_for(self.cfg.trainer.seed, step) ^ 0x5EED
+        )
+        fresh = batch.rows if batch is not None else []
+        n_fresh = len({r.group for r in fresh})
+        ages = [version - g.version for g in groups]
+        metrics = {
+            "replay/fraction": len(groups) / max(1, len(groups) + n_fresh),
+            "replay/buffer_groups": float(len(self.replay)),
+            "replay/age_mean": sum(ages) / len(ages) if ages else 0.0,
+            "replay/age_max": float(max(ages, default=0)),
+        }
+        if not groups:
+            return batch, metrics
+        replayed = [r for g in groups for r in g.rows]
+        mixed = collate_trainable(
+            self.cfg,
+            fresh + replayed,
+            self.producer.pad_id,
+            batch.policy_version if batch is not None else min(g.version for g in groups),
+        )
+        if batch is not None:
+            mixed.extra = dict(batch.extra)
+        mixed.extra["replayed"] = torch.tensor([False] * len(fresh) + [True] * len(replayed))
+        return mixed, metrics
+
     def _eval(self) -> dict[str, float]:
         return evaluate(self.producer, self.eval_prompts, pass_k=self.cfg.trainer.eval_pass_k, seed=self.cfg.trainer.seed)
 
@@ -201,6 +254,9 @@ class Orchestrator:
         metrics = dict(produced.metrics)
         metrics.update(rollout_metrics(produced.generated, produced.accuracy_component))
         batch = produced.batch
+        if self.replay is not None:
+            batch, replay_metrics = self._mix_replay(step, batch)
+            metrics.update(replay_metrics)
         if batch is None:
             self.sink.log("warning", f"step {step}: every group was filtered out; no update this step")
         else:
@@ -210,6 +266,8 @@ class Orchestrator:
             for row, adv in zip(batch.rows, row_adv.tolist(), strict=True):
                 row.advantage = adv
             metrics.update(self._sync_weights())
+            if self.replay is not None and produced.batch is not None:
+                self.replay.add(produced.batch.rows)  # the fresh groups just trained on
             for message in sorted(set(batch.extra.get("reward_messages", [])))[:5]:
                 self.sink.log("warning", f"step {step}: reward function failed: {message}")
         elapsed = time.perf_counter() - t_step
@@ -238,6 +296,7 @@ class Orchestrator:
                 last_seq=self.sink.seq + 1,  # the checkpoint event written right after this
                 sampler=self._sampler_state(step),
                 in_flight=self._in_flight_state(step),
+                replay=self.replay.state_dict() if self.replay is not None else {},
                 trainer=self.trainer.state(),
                 rng=capture_rng(),
                 extra=self.checkpoint_extra(),

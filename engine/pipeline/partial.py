@@ -163,6 +163,19 @@ def _prompt_check(prompt: Prompt) -> int:
     return zlib.crc32(np.asarray(prompt.token_ids, dtype="<i8").tobytes())
 
 
+def saved_prompt(by_uid: dict[str, Prompt], saved: dict[str, Any], what: str) -> Prompt:
+    """The prompt a checkpoint saved by uid and ``_prompt_check`` (``saved["prompt_uid"]``,
+    ``saved["prompt_check"]``), looked up in ``by_uid``; ``what`` names the saved thing in the error."""
+    prompt = by_uid.get(saved["prompt_uid"])
+    if prompt is None or _prompt_check(prompt) != saved["prompt_check"]:
+        why = "is not in the training data" if prompt is None else "is tokenised differently"
+        raise ValueError(
+            f"{what} in the checkpoint was generated for prompt {saved['prompt_uid']!r}, "
+            f"which {why} now; resume with the same data, model and chat template"
+        )
+    return prompt
+
+
 def pool_state(groups: Iterable[PartialGroup]) -> dict[str, Any]:
     """The groups in flight as JSON for a checkpoint. A prompt is stored by its uid (unique within
     the data set, and its metadata need not be JSON); a completion with its token ids, sampling
@@ -196,13 +209,7 @@ def groups_from_state(state: dict[str, Any], prompts: Iterable[Prompt]) -> list[
     by_uid = {p.uid: p for p in prompts}
     groups = []
     for saved in state["groups"]:
-        prompt = by_uid.get(saved["prompt_uid"])
-        if prompt is None or _prompt_check(prompt) != saved["prompt_check"]:
-            what = "is not in the training data" if prompt is None else "is tokenised differently"
-            raise ValueError(
-                f"a partial rollout in flight in the checkpoint was generated for prompt {saved['prompt_uid']!r}, "
-                f"which {what} now; resume with the same data, model and chat template"
-            )
+        prompt = saved_prompt(by_uid, saved, "a partial rollout in flight")
         completions = []
         for c in saved["completions"]:
             token_ids, logprobs = _unpack(c["token_ids"], "<i8"), _unpack(c["logprobs"], "<f8")

@@ -1,7 +1,8 @@
 """Generate, score and filter: everything that turns prompts into a trainable ``RolloutBatch``.
 
 The producer owns the prompt sampler, the rollout backend and the reward manager. One call
-to ``produce`` makes one step's batch: it samples ``prompts_per_step`` prompts, generates
+to ``produce`` makes one step's batch: it samples ``prompts_per_step`` prompts (fewer with rollout
+replay, ``replay.ratio``: the orchestrator adds the replayed groups, see ``fresh_groups``), generates
 ``n`` completions each, scores them, and with dynamic sampling (DAPO, arXiv:2503.14476,
 section 3.2) drops groups whose rewards are all equal (they carry no GRPO gradient) and
 samples again until the batch is full or ``max_num_gen_batches`` rounds are spent. Every scored
@@ -43,6 +44,17 @@ class ProducedBatch:
     metrics: dict[str, float] = field(default_factory=dict)
     generated: list[Rollout] = field(default_factory=list)  # all rollouts, kept or not
     accuracy_component: str | None = None
+
+
+def replayed_groups(cfg: RunConfig, step: int) -> int:
+    """Groups step ``step`` takes from the rollout replay buffer (``replay.ratio``): none at a run's
+    first step, whose buffer is still empty. The producer generates only the rest."""
+    return round(cfg.replay.ratio * cfg.trainer.prompts_per_step) if step > 1 else 0
+
+
+def fresh_groups(cfg: RunConfig, step: int) -> int:
+    """Groups step ``step`` generates: ``prompts_per_step`` less those it replays."""
+    return cfg.trainer.prompts_per_step - replayed_groups(cfg, step)
 
 
 def seed_for(base: int, step: int, round_: int = 0) -> int:
@@ -140,9 +152,9 @@ class RolloutProducer:
         groups each part adds to the batch are handed to ``on_slice`` as soon as they are scored (the
         periodic mode's overlap); a round stops early once the batch is full."""
         cfg = self.cfg
-        want = cfg.trainer.prompts_per_step
+        want = fresh_groups(cfg, step)
         fg = cfg.algorithm.filter_groups
-        tally = StepTally(cfg)
+        tally = StepTally(cfg, want=want)
         for round_ in range(fg.max_num_gen_batches if fg.enable else 1):
             tally.rounds += 1
             prompts = self.sampler.next_batch(want)
@@ -166,6 +178,16 @@ class RolloutProducer:
         return tally.produced(self.pad_id, self.selection_metrics())
 
 
+def collate_trainable(cfg: RunConfig, rows: list[Rollout], pad_id: int, policy_version: int) -> RolloutBatch:
+    """``collate`` with ``algorithm.overlong_filter`` applied: truncated completions are masked out
+    of the loss (DAPO, section 3.4)."""
+    batch = collate(rows, pad_id, policy_version)
+    if cfg.algorithm.overlong_filter:
+        truncated = [i for i, r in enumerate(rows) if r.completion.finish_reason == "length"]
+        batch.response_mask[truncated] = 0.0
+    return batch
+
+
 @dataclass
 class StepTally:
     """One step's generation as it adds up: scored groups kept or filtered, timings, the batch.
@@ -186,13 +208,15 @@ class StepTally:
     zero_std_groups: int = 0
     total_groups: int = 0
     rounds: int = 0
+    want: int = 0
+    """Groups the batch takes (0: ``prompts_per_step``; fewer when rollout replay fills the rest)."""
     take_all: bool = False
     """Every kept group goes into the batch, not the first ``prompts_per_step``: partial rollouts keep
     no more than the step must train (more only for the groups ``async.stale_samples: wait`` forces)."""
 
     @property
     def batch_groups(self) -> list[list[Rollout]]:
-        return self.kept if self.take_all else self.kept[: self.cfg.trainer.prompts_per_step]
+        return self.kept if self.take_all else self.kept[: self.want or self.cfg.trainer.prompts_per_step]
 
     def add_scored(self, rows: list[Rollout], result: RewardResult) -> None:
         """Scored rollouts, whole groups of ``rollout.n`` in order: keep the groups that pass the filter."""
@@ -236,9 +260,6 @@ class StepTally:
         rows = [r for g in self.batch_groups for r in g]
         if not rows:
             return ProducedBatch(None, metrics, self.generated, self.accuracy_component)
-        batch = collate(rows, pad_id, min(r.completion.policy_version for r in rows))
-        if self.cfg.algorithm.overlong_filter:
-            truncated = [i for i, r in enumerate(rows) if r.completion.finish_reason == "length"]
-            batch.response_mask[truncated] = 0.0
+        batch = collate_trainable(self.cfg, rows, pad_id, min(r.completion.policy_version for r in rows))
         batch.extra["reward_messages"] = [m for r in self.results for m in r.error_messages]
         return ProducedBatch(batch, metrics, self.generated, self.accuracy_component)

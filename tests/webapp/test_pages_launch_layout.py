@@ -123,7 +123,7 @@ def test_essentials_come_first_and_every_other_section_is_folded(
     # Every other section of the schema, and only those, folded, with its title alone (nothing changed).
     rest = seen.order[1:]
     assert rest == ["f-run", "f-model", "f-data", "f-rollout", "f-reward", "f-algorithm", "f-optimizer",
-                    "f-trainer", "f-checkpoint", "f-logging", "f-async"]  # fmt: skip
+                    "f-trainer", "f-checkpoint", "f-logging", "f-async", "f-replay"]  # fmt: skip
     for section_id in rest:
         assert seen.sections[section_id]["tag"] == "details" and not seen.sections[section_id]["open"], (
             section_id
