@@ -205,3 +205,20 @@ def tributary_playwright() -> Iterator[Any]:
 def text_of(page: Any, selector: str) -> str:
     """The element's visible text, trimmed."""
     return page.inner_text(selector).strip()
+
+
+def wider_than_the_window(page: Any, limit: int = 5) -> list[str]:
+    """The innermost elements reaching past the window's right edge (tag#id.class and right edge):
+    what a failed no-sideways-scroll check names."""
+    return page.evaluate(
+        r"""(limit) => {
+          const width = document.documentElement.clientWidth;
+          const past = [...document.body.querySelectorAll('*')].filter(
+            (el) => el.getBoundingClientRect().right > width + 1 && el.getClientRects().length);
+          const innermost = past.filter((el) => !past.some((other) => other !== el && el.contains(other)));
+          return innermost.slice(0, limit).map((el) =>
+            `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''}${el.className && typeof el.className === 'string'
+              ? '.' + el.className.trim().split(/\s+/).join('.') : ''} right=${Math.round(el.getBoundingClientRect().right)}`);
+        }""",
+        limit,
+    )

@@ -28,6 +28,7 @@ from tests.e2e.browser import (
     running_site,
     screenshot,
     signed_in_page,
+    wider_than_the_window,
 )
 
 pytestmark = pytest.mark.slow
@@ -84,7 +85,7 @@ def _shell_json(site: Site, code: str) -> Any:
 def _fits(page: Any) -> None:
     """No sideways scrolling at this width."""
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
-    assert overflow <= 1, f"the page is {overflow} px wider than the window"
+    assert overflow <= 1, f"the page is {overflow} px wider than the window: {wider_than_the_window(page)}"
 
 
 @pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["1440px", "390px"])
