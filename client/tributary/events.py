@@ -27,19 +27,29 @@ from tributary.protocol import SEQ_AT_START
 
 def last_seq_in(path: Path) -> int:
     """Highest ``seq`` in an existing JSONL log (0 if none). A torn last line is ignored."""
+    return log_position(path)[0]
+
+
+def log_position(path: Path) -> tuple[int, int]:
+    """Highest ``seq`` (0 if none) and highest ``step`` of a metrics or samples event (-1 if none)
+    in an existing JSONL log, in one pass: where a resumed writer goes on. Torn or bad lines are
+    ignored."""
     if not path.exists():
-        return 0
-    last = 0
+        return 0, -1
+    last, step = 0, -1
     with path.open("rb") as fh:
         for raw in fh:
             try:
-                last = max(last, int(json.loads(raw)["seq"]))
+                event = json.loads(raw)
+                last = max(last, int(event["seq"]))
+                if event.get("type") in ("metrics", "samples"):
+                    step = max(step, int(event["step"]))
             except RecursionError:  # nested past what the parser reads: the seq is at the start
                 match = SEQ_AT_START.match(raw)
                 last = max(last, int(match.group(1))) if match else last
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
-    return last
+    return last, step
 
 
 def _finite(values: dict[str, float]) -> dict[str, float | None]:

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from tributary.api import Api, ApiError, ServerRun, check_url
-from tributary.events import clean, clean_text, encode, last_seq_in
+from tributary.events import clean, clean_text, encode, log_position
 from tributary.protocol import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER
 from tributary.shipper import EventShipper, Hello, backoff_delay
 
@@ -187,9 +187,9 @@ class Run:
         self.errors = 0  # client errors, logged once per kind
         self.link_error = ""  # why the link to the server stopped for good ("" while it works)
 
-        self._seq = last_seq_in(self.events_path) if resume is not None else 0
+        # A resumed run goes on after its log's last seq and, for calls without ``step=``, its last step.
+        self._seq, self._step = log_position(self.events_path) if resume is not None else (0, -1)
         self.written_seq = self._seq
-        self._step = -1
         self._queue: deque[tuple[int, str, dict[str, Any]]] = deque()
         self._queued_bytes = 0
         self._cond = threading.Condition(threading.Lock())

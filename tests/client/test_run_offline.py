@@ -192,10 +192,11 @@ def test_resume_continues_the_log_of_a_killed_script(tmp_path: Path) -> None:
         offline(directory)
     run = tributary.init(project="ignored", resume=directory, url="", token="")
     assert run.client_id == before[0]["run"]
-    run.log({"x": 2.0})  # the step after... this process's own last one: 0
+    run.log({"x": 2.0})  # no step given: the one after the killed script's last
     run.finish()
     events = read_log(directory)
     assert [e["type"] for e in events] == ["status", "metrics", "status", "metrics", "status"]
+    assert events[3]["step"] == before[1]["step"] + 1
     assert events[2]["message"].startswith("resumed")
     with pytest.raises(ValueError, match=r"already ended \(succeeded\)"):
         tributary.init(project="p", resume=directory, url="", token="")
