@@ -33,7 +33,7 @@ import numpy as np
 
 from engine.batch import Rollout
 from engine.data.prompts import Prompt
-from engine.pipeline.partial import _pack, _prompt_check, _unpack, saved_prompt
+from engine.pipeline.partial import pack_array, prompt_checksum, saved_prompt, unpack_array
 from engine.rollout import Completion
 
 BUFFER_FORMAT = 1
@@ -102,10 +102,10 @@ class ReplayBuffer:
                     "rows": [
                         {
                             "prompt_uid": r.prompt.uid,
-                            "prompt_check": _prompt_check(r.prompt),
-                            "prompt_ids": _pack(r.prompt_ids, "<i8"),
-                            "token_ids": _pack(r.completion.token_ids, "<i8"),
-                            "logprobs": _pack(r.completion.logprobs, "<f8"),
+                            "prompt_check": prompt_checksum(r.prompt),
+                            "prompt_ids": pack_array(r.prompt_ids, "<i8"),
+                            "token_ids": pack_array(r.completion.token_ids, "<i8"),
+                            "logprobs": pack_array(r.completion.logprobs, "<f8"),
                             "text": r.completion.text,
                             "finish_reason": r.completion.finish_reason,
                             "policy_version": r.completion.policy_version,
@@ -135,8 +135,8 @@ class ReplayBuffer:
             for r in saved["rows"]:
                 prompt = saved_prompt(by_uid, r, "a replay buffer group")
                 completion = Completion(
-                    token_ids=_unpack(r["token_ids"], "<i8"),
-                    logprobs=_unpack(r["logprobs"], "<f8"),
+                    token_ids=unpack_array(r["token_ids"], "<i8"),
+                    logprobs=unpack_array(r["logprobs"], "<f8"),
                     text=r["text"],
                     finish_reason=r["finish_reason"],
                     policy_version=int(r["policy_version"]),
@@ -149,7 +149,7 @@ class ReplayBuffer:
                 rows.append(
                     Rollout(
                         prompt=prompt,
-                        prompt_ids=_unpack(r["prompt_ids"], "<i8"),
+                        prompt_ids=unpack_array(r["prompt_ids"], "<i8"),
                         completion=completion,
                         reward=float(r["reward"]),
                         components={k: float(v) for k, v in r["components"].items()},

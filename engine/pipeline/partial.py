@@ -147,27 +147,27 @@ def _age(group: PartialGroup) -> float:
 POOL_FORMAT = 1
 
 
-def _pack(values: Sequence[int] | Sequence[float], dtype: str) -> str:
+def pack_array(values: Sequence[int] | Sequence[float], dtype: str) -> str:
     """A list as base64 little-endian bytes: compact in state.json (a JSON list there takes a line
     per element) and exact (log-probs as float64, which Python floats are)."""
     return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
 
 
-def _unpack(text: str, dtype: str) -> list:
+def unpack_array(text: str, dtype: str) -> list:
     return np.frombuffer(base64.b64decode(text), dtype=dtype).tolist()
 
 
-def _prompt_check(prompt: Prompt) -> int:
+def prompt_checksum(prompt: Prompt) -> int:
     """A checksum of the prompt's token ids: a resume with another tokenizer or chat template
     would continue completions after a different prompt."""
     return zlib.crc32(np.asarray(prompt.token_ids, dtype="<i8").tobytes())
 
 
 def saved_prompt(by_uid: dict[str, Prompt], saved: dict[str, Any], what: str) -> Prompt:
-    """The prompt a checkpoint saved by uid and ``_prompt_check`` (``saved["prompt_uid"]``,
+    """The prompt a checkpoint saved by uid and ``prompt_checksum`` (``saved["prompt_uid"]``,
     ``saved["prompt_check"]``), looked up in ``by_uid``; ``what`` names the saved thing in the error."""
     prompt = by_uid.get(saved["prompt_uid"])
-    if prompt is None or _prompt_check(prompt) != saved["prompt_check"]:
+    if prompt is None or prompt_checksum(prompt) != saved["prompt_check"]:
         why = "is not in the training data" if prompt is None else "is tokenised differently"
         raise ValueError(
             f"{what} in the checkpoint was generated for prompt {saved['prompt_uid']!r}, "
@@ -185,12 +185,12 @@ def pool_state(groups: Iterable[PartialGroup]) -> dict[str, Any]:
         "groups": [
             {
                 "prompt_uid": g.prompt.uid,
-                "prompt_check": _prompt_check(g.prompt),
+                "prompt_check": prompt_checksum(g.prompt),
                 "started_step": g.started_step,
                 "completions": [
                     {
-                        "token_ids": _pack(c.token_ids, "<i8"),
-                        "logprobs": _pack(c.logprobs, "<f8"),
+                        "token_ids": pack_array(c.token_ids, "<i8"),
+                        "logprobs": pack_array(c.logprobs, "<f8"),
                         "segments": [[v, n] for v, n in c.segments],
                         "finish_reason": c.finish_reason,
                     }
@@ -212,7 +212,7 @@ def groups_from_state(state: dict[str, Any], prompts: Iterable[Prompt]) -> list[
         prompt = saved_prompt(by_uid, saved, "a partial rollout in flight")
         completions = []
         for c in saved["completions"]:
-            token_ids, logprobs = _unpack(c["token_ids"], "<i8"), _unpack(c["logprobs"], "<f8")
+            token_ids, logprobs = unpack_array(c["token_ids"], "<i8"), unpack_array(c["logprobs"], "<f8")
             segments = [(int(v), int(n)) for v, n in c["segments"]]
             if not (len(token_ids) == len(logprobs) == sum(n for _, n in segments)):
                 raise ValueError(
