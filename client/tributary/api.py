@@ -40,7 +40,6 @@ class ServerRun:
 
     id: int
     url: str
-    ingest_url: str
     ingest_token: str
 
 
@@ -76,20 +75,13 @@ class Api:
         return ServerRun(
             id=_field(answer, "id", int),
             url=_field(answer, "url", str),
-            ingest_url=_field(answer, "ingest_url", str),
             ingest_token=_field(answer, "ingest_token", str),
         )
 
-    def ingest_token(self, run: ServerRun | int, page_url: str = "") -> ServerRun:
-        run_id = run.id if isinstance(run, ServerRun) else run
+    def ingest_token(self, run_id: int, page_url: str = "") -> ServerRun:
+        """A fresh ingest token for run ``run_id`` (whose page is ``page_url``)."""
         answer = self._post(f"/api/runs/{int(run_id)}/ingest-token", {})
-        url = run.url if isinstance(run, ServerRun) else page_url
-        return ServerRun(
-            id=run_id,
-            url=url,
-            ingest_url=_field(answer, "ingest_url", str),
-            ingest_token=_field(answer, "ingest_token", str),
-        )
+        return ServerRun(id=run_id, url=page_url, ingest_token=_field(answer, "ingest_token", str))
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(
@@ -103,9 +95,15 @@ class Api:
             },
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with _OPENER.open(request, timeout=self.timeout) as response:
                 raw = response.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as exc:
+            if exc.code in _REDIRECTS:
+                raise ApiError(
+                    f"POST {path}: the web app redirects to {exc.headers.get('Location')!r}: set TRIBUTARY_URL "
+                    "(or url=/--url) to the address it redirects to",
+                    status=exc.code,
+                ) from None
             detail = _detail(exc)
             hint = {
                 401: " (check TRIBUTARY_TOKEN: a personal API token from the account page)",
@@ -130,6 +128,20 @@ class Api:
         if not isinstance(answer, dict):
             raise ApiError(f"POST {path}: the answer is not a JSON object: {raw[:200]!r}", retriable=True)
         return answer
+
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects are errors: urllib would turn the POST into a GET and send the personal token
+    (the Authorization header) on to wherever the answer points, http included."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def _detail(exc: urllib.error.HTTPError) -> str:

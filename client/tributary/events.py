@@ -19,37 +19,71 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from tributary.protocol import SEQ_AT_START
 
-
-def last_seq_in(path: Path) -> int:
-    """Highest ``seq`` in an existing JSONL log (0 if none). A torn last line is ignored."""
-    return log_position(path)[0]
+FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
-def log_position(path: Path) -> tuple[int, int]:
-    """Highest ``seq`` (0 if none) and highest ``step`` of a metrics or samples event (-1 if none)
-    in an existing JSONL log, in one pass: where a resumed writer goes on. Torn or bad lines are
-    ignored."""
+@dataclass
+class LogState:
+    """What an existing event log holds, for whoever goes on writing or shipping it."""
+
+    last_seq: int = 0
+    last_step: int = -1  # of a metrics or samples event
+    metrics_step: int = -1  # of a metrics event
+    samples_per_step: dict[int, int] = field(default_factory=dict)  # items of samples events
+    final_state: str = ""  # the last status event's state when final, else ""
+
+
+def scan_log(path: Path) -> LogState:
+    """One pass over a JSONL event log (``LogState``; all zero when there is none). Torn or bad
+    lines are no events and are skipped."""
+    state = LogState()
     if not path.exists():
-        return 0, -1
-    last, step = 0, -1
+        return state
+    status = ""
     with path.open("rb") as fh:
         for raw in fh:
             try:
                 event = json.loads(raw)
-                last = max(last, int(event["seq"]))
-                if event.get("type") in ("metrics", "samples"):
-                    step = max(step, int(event["step"]))
+                state.last_seq = max(state.last_seq, int(event["seq"]))
+                kind = event.get("type")
+                if kind == "metrics":
+                    step = int(event["step"])
+                    state.metrics_step = max(state.metrics_step, step)
+                    state.last_step = max(state.last_step, step)
+                elif kind == "samples":
+                    step = int(event["step"])
+                    state.last_step = max(state.last_step, step)
+                    state.samples_per_step[step] = state.samples_per_step.get(step, 0) + len(event["items"])
+                elif kind == "status":
+                    status = str(event.get("state") or "")
             except RecursionError:  # nested past what the parser reads: the seq is at the start
                 match = SEQ_AT_START.match(raw)
-                last = max(last, int(match.group(1))) if match else last
+                state.last_seq = max(state.last_seq, int(match.group(1))) if match else state.last_seq
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
-    return last, step
+    state.final_state = status if status in FINAL_STATES else ""
+    return state
+
+
+def last_seq_in(path: Path) -> int:
+    """Highest ``seq`` in an existing JSONL log (0 if none). A torn last line is ignored."""
+    return scan_log(path).last_seq
+
+
+def repair_torn_tail(path: Path) -> None:
+    """A crash mid-write can leave a line without its newline: end it, so the next event starts
+    on a fresh line (the torn line is no event; shippers skip it)."""
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb+") as fh:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
 
 
 def _finite(values: dict[str, float]) -> dict[str, float | None]:
@@ -76,8 +110,13 @@ def clean_text(text: str) -> str:
 
 
 def encode(event: dict[str, Any]) -> str:
-    """One event as its JSONL line (without the newline): ``clean``, then strict, compact JSON."""
-    return json.dumps(clean(event), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    """One event as its JSONL line (without the newline): ``clean``, then ``dumps``."""
+    return dumps(clean(event))
+
+
+def dumps(event: dict[str, Any]) -> str:
+    """Strict, compact JSON of an event already ``clean`` (or checked as strictly by its writer)."""
+    return json.dumps(event, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def clean(value: Any, depth: int = 1) -> Any:
@@ -123,7 +162,7 @@ class EventSink:
             path = Path(target)
             path.parent.mkdir(parents=True, exist_ok=True)
             start_seq = max(start_seq, last_seq_in(path))
-            self._repair_torn_tail(path)
+            repair_torn_tail(path)
             self._fh = path.open("a", encoding="utf-8")
             self._own = True
         else:
@@ -132,15 +171,6 @@ class EventSink:
         # Called with (level, source, message) for every ``log`` (engine.log_bridge mirrors
         # them into the engine's stderr, so the run's full log holds them too).
         self.on_log: Callable[[str, str, str], None] | None = None
-
-    @staticmethod
-    def _repair_torn_tail(path: Path) -> None:
-        # A crash mid-write can leave a line without its newline; start on a fresh line.
-        if path.exists() and path.stat().st_size:
-            with path.open("rb+") as fh:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    fh.write(b"\n")
 
     def hold(self) -> threading.RLock:
         """Hold the sink (``with sink.hold():``) so no other thread takes a seq meanwhile: a

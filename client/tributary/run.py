@@ -59,13 +59,28 @@ from pathlib import Path
 from typing import Any
 
 from tributary.api import Api, ApiError, ServerRun, check_url
-from tributary.events import clean, clean_text, encode, log_position
-from tributary.protocol import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER
+from tributary.events import (
+    FINAL_STATES,
+    LogState,
+    clean,
+    clean_text,
+    dumps,
+    encode,
+    repair_torn_tail,
+    scan_log,
+)
+from tributary.protocol import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, FATAL_CLOSE_CODES
 from tributary.shipper import EventShipper, Hello, backoff_delay
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: one writer per run directory is then the user's to keep
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("tributary")
 
 RUN_FILE = "run.json"
+LOCK_FILE = "run.lock"
 EVENTS_FILE = "events.jsonl"
 DEFAULT_ROOT = "tributary-runs"
 DRAIN_ENV = "TRIBUTARY_DRAIN_S"
@@ -74,7 +89,6 @@ WRITER_GRACE_S = 10.0
 # The worker's shipper, tuned for a script: a live chart a quarter of a second behind is live
 # enough, and polling the log 4 times a second (not 20) batches a few events per round trip.
 SHIPPER_DEFAULTS = {"poll_interval": 0.25, "backoff_cap": 30.0}
-FINAL_STATES = ("succeeded", "failed", "cancelled")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 # What the web app stores (webapp/runs/ingest.py): metric names of 1-200 characters, steps and
@@ -134,6 +148,8 @@ class Run:
     ) -> None:
         url = url if url is not None else os.environ.get("TRIBUTARY_URL") or None
         token = token if token is not None else os.environ.get("TRIBUTARY_TOKEN") or None
+        if url is None and resume is not None and token:
+            url = _meta_url(Path(resume))  # a resumed script sends where it sent before
         self._web_url = check_url(url) if url else None
         self._api = Api(self._web_url, token or "") if self._web_url else None
         self.drain_s = _drain_seconds(drain_s)
@@ -142,13 +158,17 @@ class Run:
         self._shipper_options = dict(shipper_options or {})
 
         self._meta_lock = threading.Lock()
+        self.resumed_from: LogState | None = None  # what the log held when this process resumed it
         if resume is not None:
             self.dir = Path(resume)
             self.meta = read_meta(self.dir)
-            ended = final_status_in(self.dir / EVENTS_FILE)
-            if ended:
+            self._dir_lock = _lock_run_dir(self.dir)
+            self.resumed_from = scan_log(self.dir / EVENTS_FILE)
+            if self.resumed_from.final_state:
+                self._dir_lock.close()
                 raise ValueError(
-                    f"resume={str(resume)!r}: that run already ended ({ended}); start a new run instead"
+                    f"resume={str(resume)!r}: that run already ended ({self.resumed_from.final_state}); "
+                    "start a new run instead"
                 )
         else:
             if not isinstance(project, str) or not project.strip():
@@ -174,6 +194,7 @@ class Run:
                 "created": time.time(),
             }
             self.dir.mkdir(parents=True, exist_ok=True)
+            self._dir_lock = _lock_run_dir(self.dir)
             self._save_meta()
         self.events_path = self.dir / EVENTS_FILE
         self.client_id: str = self.meta["client_id"]
@@ -188,11 +209,14 @@ class Run:
         self.link_error = ""  # why the link to the server stopped for good ("" while it works)
 
         # A resumed run goes on after its log's last seq and, for calls without ``step=``, its last step.
-        self._seq, self._step = log_position(self.events_path) if resume is not None else (0, -1)
+        resumed = self.resumed_from or LogState()
+        self._seq, self._step = resumed.last_seq, resumed.last_step
         self.written_seq = self._seq
         self._queue: deque[tuple[int, str, dict[str, Any]]] = deque()
         self._queued_bytes = 0
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # the queue: the writer waits here
+        self._written = threading.Condition(lock)  # written_seq: flush() waits here
         self._closed = False
         self._finished = False
         self._warned: set[str] = set()
@@ -288,11 +312,14 @@ class Run:
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every event queued so far is in ``events.jsonl``; whether it was within
         ``timeout`` seconds. For a caller that keeps its own cursor of what it logged (``follow``)."""
-        target, deadline = self._seq, time.monotonic() + timeout
-        while self.written_seq < target:
-            if time.monotonic() >= deadline or not self._writer.is_alive():
-                return False
-            time.sleep(0.005)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            target = self._seq
+            while self.written_seq < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._writer.is_alive():
+                    return False
+                self._written.wait(min(left, 1.0))
         return True
 
     def finish(self, status: str = "succeeded", message: str = "") -> bool:
@@ -315,6 +342,19 @@ class Run:
             return self._drain()
         except Exception as exc:
             self._fault("finish", exc)
+            return False
+
+    def close(self) -> bool:
+        """Drain what was logged without ending the run: a later ``init(resume=<dir>)`` goes on
+        with it (``follow`` after a problem it cannot go on with). Returns whether everything
+        was shipped. After ``finish`` or ``close``, nothing more is taken."""
+        if self._finished:
+            return False
+        self._finished = True
+        try:
+            return self._drain()
+        except Exception as exc:
+            self._fault("close", exc)
             return False
 
     @property
@@ -499,7 +539,9 @@ class Run:
                         os.fsync(fh.fileno())
                     except OSError as exc:  # not a disk file (a pipe), or the disk failed: said once
                         self._fault("fsync", exc)
-                self.written_seq = batch[-1][0]
+                with self._cond:
+                    self.written_seq = batch[-1][0]
+                    self._written.notify_all()
         except Exception as exc:
             self._fault("writer", exc)
         finally:
@@ -516,8 +558,10 @@ class Run:
                 joined = "".join(values)
                 if clean_text(joined) is not joined:  # the same object back: nothing to replace
                     values = {clean_text(name): value for name, value in values.items()}
-                event = {"run": self.client_id, "seq": seq, "type": kind, **fields, "values": values}
-                return json.dumps(event, ensure_ascii=False, allow_nan=False, separators=(",", ":")) + "\n"
+                return (
+                    dumps({"run": self.client_id, "seq": seq, "type": kind, **fields, "values": values})
+                    + "\n"
+                )
             return encode({"run": self.client_id, "seq": seq, "type": kind, **fields}) + "\n"
         except Exception as exc:  # keep the seq in the chain, say why its event is missing
             self._fault("encode", exc)
@@ -640,6 +684,11 @@ class Run:
                 f"tributary: run {self.meta['name']!r} was written offline to {self.dir} ({self.written_seq} events); "
                 f"send it with: TRIBUTARY_URL=... TRIBUTARY_TOKEN=... python -m tributary sync {where}"
             )
+        elif shipper is not None and shipper.error is not None and shipper.error.code in FATAL_CLOSE_CODES:
+            _say(
+                f"tributary: the web app will take no more events of run {self.meta['name']!r} ({shipper.error}); "
+                f"{max(0, self._seq - acked)} of {self._seq} were not stored. They stay in {self.events_path}"
+            )
         elif not sent_all:
             if shipper is not None and shipper.error is not None:
                 why = str(shipper.error)
@@ -659,6 +708,8 @@ class Run:
             _say(
                 f"tributary: {self._seq - self.written_seq} events could not be written to {self.events_path} in time"
             )
+        elif not self._writer.is_alive():
+            self._dir_lock.close()  # the directory is free for a resume or a sync
         return sent_all
 
     def _at_exit(self) -> None:
@@ -695,8 +746,10 @@ def server_run(
 ) -> ServerRun:
     """The server run of the run in ``directory`` with a fresh ingest token: created through the
     API the first time (idempotent: ``client_id``), its id then kept in ``run.json``."""
-    if meta.get("server_id") is not None:
+    if meta.get("server_id") is not None and meta.get("url") in (None, api.url):
         return api.ingest_token(int(meta["server_id"]), str(meta.get("server_url") or ""))
+    # Never created, or created on another web app (its id means nothing here): create it here,
+    # the same client_id making a retry or a later sync find it again.
     server = api.create_run(
         project=meta["project"],
         name=meta["name"],
@@ -733,33 +786,32 @@ def write_meta(directory: Path, meta: dict[str, Any]) -> None:
     os.replace(temporary, target)
 
 
-def final_status_in(path: Path) -> str:
-    """The final state of the log's last status event ("" when it has none, or none final)."""
-    state = ""
-    if not path.exists():
-        return ""
-    with path.open("rb") as fh:
-        for raw in fh:
-            if b'"status"' not in raw:
-                continue
-            try:
-                event = json.loads(raw)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(event, dict) and event.get("type") == "status":
-                state = str(event.get("state") or "")
-    return state if state in FINAL_STATES else ""
-
-
 def _open_log(path: Path) -> Any:
-    # A crash mid-write can leave a line without its newline: start on a fresh line (that torn
-    # line is no event, and the shipper skips it).
-    if path.exists() and path.is_file() and path.stat().st_size:
-        with path.open("rb+") as fh:
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) != b"\n":
-                fh.write(b"\n")
+    repair_torn_tail(path)
     return path.open("a", encoding="utf-8")
+
+
+def _lock_run_dir(directory: Path) -> Any:
+    """An exclusive lock on the run directory (``run.lock``), held while this process writes its
+    log: a second writer (a script still running while a resume starts, two ``follow``) would
+    take the same seqs, and the web app keeps only the first event of each."""
+    handle = (Path(directory) / LOCK_FILE).open("a")
+    if fcntl is not None:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise ValueError(
+                f"{directory} is being written by another process (a script or follow still running): "
+                "stop it first, or use another directory"
+            ) from None
+    return handle
+
+
+def _meta_url(directory: Path) -> str | None:
+    with contextlib.suppress(ValueError):
+        return read_meta(directory).get("url") or None
+    return None
 
 
 _PLAIN_NUMBERS = frozenset({float, int})

@@ -310,13 +310,14 @@ def _inspect(line: bytes) -> tuple[int | None, str]:
     seq = event.get("seq") if isinstance(event, dict) else None
     if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 0:
         return None, ""
-    if _nesting(event) > MAX_EVENT_DEPTH:
+    if nesting(event, MAX_EVENT_DEPTH) > MAX_EVENT_DEPTH:
         return seq, f"nested deeper than {MAX_EVENT_DEPTH} levels"
     return seq, ""
 
 
-def _nesting(value: Any) -> int:
-    """How deeply ``value`` nests (a scalar 0, ``{}`` 1), without recursion."""
+def nesting(value: Any, limit: int | None = None) -> int:
+    """How deeply ``value`` nests (a scalar 0, ``{}`` 1), without recursion; with ``limit``, the
+    walk stops at the first level past it (bounded work on hostile input)."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -324,6 +325,8 @@ def _nesting(value: Any) -> int:
         if children is None:
             continue
         deepest = max(deepest, depth)
+        if limit is not None and depth > limit:
+            return depth
         stack.extend((child, depth + 1) for child in children)
     return deepest
 

@@ -18,8 +18,8 @@ from typing import TextIO
 
 from tributary.api import Api, ApiError
 from tributary.cli import Command, add_server_arguments, server_api
-from tributary.events import last_seq_in
-from tributary.run import EVENTS_FILE, final_status_in, read_meta, server_run
+from tributary.events import scan_log
+from tributary.run import EVENTS_FILE, read_meta, server_run
 from tributary.shipper import EventShipper
 
 PROGRESS_EVERY_S = 2.0
@@ -29,7 +29,8 @@ def sync_dir(directory: Path, api: Api, *, timeout: float, out: TextIO = sys.std
     """Ship one run directory's log; whether the web app acknowledged all of it."""
     meta = read_meta(directory)
     events = directory / EVENTS_FILE
-    last = last_seq_in(events)
+    held = scan_log(events)
+    last = held.last_seq
     server = server_run(api, directory, meta)
     print(f"{directory}: run {server.id} ({meta['name']}), {last} events in the log", file=out, flush=True)
     shipper = EventShipper(api.url, server.id, server.ingest_token, events, backoff_cap=5.0).start()
@@ -42,7 +43,7 @@ def sync_dir(directory: Path, api: Api, *, timeout: float, out: TextIO = sys.std
             print(f"{directory}: {shipper.acked_seq}/{last} events stored", file=out, flush=True)
     if result and result[0]:
         print(f"{directory}: all {last} events stored: {server.url or server.id}", file=out, flush=True)
-        if not final_status_in(events):
+        if not held.final_state:
             print(
                 f"{directory}: note: the log has no final status (its script did not finish); "
                 "the run stays running on the server until it does",

@@ -217,3 +217,29 @@ def test_bad_arguments_at_init_name_the_field(tmp_path: Path) -> None:
             offline(tmp_path / "e")
         finally:
             del os.environ["TRIBUTARY_DRAIN_S"]
+
+
+def test_one_writer_per_run_directory_and_close_leaves_the_run_resumable(tmp_path: Path) -> None:
+    """Two processes appending to one log would take the same seqs and the web app would keep
+    only the first event of each: a second writer is refused while the first holds the
+    directory. ``close`` drains without a final status, so a resume goes on with the run."""
+    directory = tmp_path / "r"
+    first = offline(directory)
+    first.log({"x": 1.0}, step=4)
+    with pytest.raises(ValueError, match="being written by another process"):
+        tributary.init(project="p", resume=directory, url="", token="")
+    first.close()
+    again = tributary.init(project="p", resume=directory, url="", token="")
+    again.log({"x": 2.0})
+    again.finish()
+    events = read_log(directory)  # seqs 1, 2, ... with no gap or repeat
+    assert [e["type"] for e in events] == ["status", "metrics", "status", "metrics", "status"]
+    assert events[3]["step"] == 5 and events[-1]["state"] == "succeeded"
+
+
+def test_a_metrics_root_verl_has_not_made_yet_is_taken_as_a_root(tmp_path: Path) -> None:
+    from tributary.integrations.follow import verl_metrics_path
+
+    root = tmp_path / "verl-logs"  # follow started before verl: nothing there yet
+    assert verl_metrics_path(str(root), "proj", "exp") == root / "proj" / "exp.jsonl"
+    assert verl_metrics_path(str(tmp_path / "m.jsonl"), "proj", "exp") == tmp_path / "m.jsonl"

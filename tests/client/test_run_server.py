@@ -198,6 +198,32 @@ def test_cancel_on_the_server_reaches_should_stop(site: Deployment, tmp_path: Pa
     assert_stored_equals_log(site, run.id, tmp_path / "cancel")
 
 
+def test_a_run_ended_on_the_server_stops_the_script_and_offers_no_sync(
+    site: Deployment, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Cancelled twice on the page (its script seemed gone), the run is over on the server: the
+    script's next events are refused with 4410, should_stop() turns true, and finishing says they
+    stay in the local log, never to send them with sync (which the server would refuse too)."""
+    run = client_run(site, tmp_path / "ended")
+    run.log({"reward/mean": 0.0}, step=0)
+    wait_until(
+        lambda: run.id is not None and site.run(run.id)["status"] == "running", "the run to be running"
+    )
+    site.api("POST", f"/runs/{run.id}/cancel")
+    site.api("POST", f"/runs/{run.id}/cancel")
+    assert site.run(run.id)["status"] == "cancelled"
+    step = 1
+    while not run.should_stop():
+        run.log({"reward/mean": float(step)}, step=step)
+        time.sleep(0.05)
+        step += 1
+        assert step < 10_000, "the script never heard that the run is over"
+    assert not run.finish("cancelled")
+    said = capsys.readouterr().err
+    assert "will take no more events" in said and "tributary sync" not in said
+    assert site.run(run.id)["status"] == "cancelled"
+
+
 def test_a_token_refused_after_an_outage_is_renewed_through_the_api(tmp_path: Path) -> None:
     """The web app comes back refusing the ingest token the client holds (4401: it expired while
     the server was away, or, as here, the server's secret key was rotated meanwhile, which refuses

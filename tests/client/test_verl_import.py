@@ -113,3 +113,27 @@ def test_it_refuses_who_may_not_launch(
     )
     assert response.status_code == (403 if role is not None else 404)
     assert not Run.objects.filter(project=project).exists()
+
+
+def test_an_import_that_fails_part_way_leaves_no_run(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One transaction: a store that fails after the first batch (the disk, the database) rolls
+    the whole import back, so no half-imported run stays "running" (nothing sweeps external runs)."""
+    from webapp.runs import imports
+
+    calls: list[int] = []
+    real = imports.store_events
+
+    def failing(run_id: int, events: list[dict[str, Any]]) -> Any:
+        calls.append(len(events))
+        if len(calls) == 2:
+            raise RuntimeError("the database went away")
+        return real(run_id, events)
+
+    monkeypatch.setattr(imports, "STORE_BATCH", 5)
+    monkeypatch.setattr(imports, "store_events", failing)
+    user = project.team.memberships.get().user
+    with pytest.raises(RuntimeError):
+        imports.import_verl_run(project, user, name="half", metrics=(METRICS).read_bytes(), rollouts={})
+    assert len(calls) == 2 and not Run.objects.filter(project=project).exists()

@@ -29,7 +29,6 @@ already taken are not taken again, and the run's Logs tab says so.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tributary.cli import Command, add_server_arguments
+from tributary.events import scan_log
 from tributary.integrations.verl import (
     Skipped,
     complete_lines,
@@ -147,7 +147,8 @@ class Follower:
         pending = self.cursor.get("pending")
         if not pending:
             return
-        logged_step, logged_items = _logged(Path(self.run.events_path))
+        held = self.run.resumed_from or scan_log(Path(self.run.events_path))
+        logged_step, logged_items = held.metrics_step, held.samples_per_step
         if pending.get("metrics"):
             state = self.cursor["metrics"]
             state["skip_through"] = max(state["skip_through"], logged_step)
@@ -220,16 +221,20 @@ class Follower:
             offset=0, head="", head_len=0, skip_through=max(state["skip_through"], state["last_step"])
         )
 
-    def _rollout_batches(self, final: bool) -> list[tuple[int, int, bytes, int]]:
-        """(step, offset, whole lines, items to skip) of sealed rollout files with something new."""
+    def _rollout_batches(self, final: bool) -> list[tuple[int, int, bytes, int, bool]]:
+        """(step, offset, whole lines, items to skip, whether the file is then taken whole and
+        sealed) of sealed rollout files with something new."""
         if self.rollouts is None:
             return []
         try:
             entries = [(rollout_file_step(e.name), e) for e in os.scandir(self.rollouts) if e.is_file()]
         except FileNotFoundError:
             return []
-        files = sorted((step, entry) for step, entry in entries if step is not None)
-        out: list[tuple[int, int, bytes, int]] = []
+        # Files taken whole and sealed are not looked at again (nor kept in the cursor), so a poll
+        # costs the files still open, not every step of the run.
+        done = self.cursor.get("rollouts_done_through", -1)
+        files = sorted((step, entry) for step, entry in entries if step is not None and step > done)
+        out: list[tuple[int, int, bytes, int, bool]] = []
         budget = BATCH_BYTES
         for i, (step, entry) in enumerate(files):
             state = self.cursor["rollouts"].get(str(step), {"offset": 0, "items": 0, "groups": 0})
@@ -253,7 +258,11 @@ class Follower:
                 used = len(buffer)
             elif used == 0:
                 continue  # no whole line yet
-            out.append((step, state["offset"], buffer[:used], redo["skip"] if redo else 0))
+            whole = sealed = False
+            if not redo:
+                whole = state["offset"] + used == stat.st_size
+                sealed = final or later or self._settled(entry.path, stat)
+            out.append((step, state["offset"], buffer[:used], redo["skip"] if redo else 0, whole and sealed))
             budget -= used
             if budget <= 0:
                 break
@@ -275,12 +284,14 @@ class Follower:
             fh.seek(max(0, stat.st_size - 1))
             return fh.read(1) == b"\n"
 
-    def _ship(self, metrics: tuple[int, bytes] | None, rollouts: list[tuple[int, int, bytes, int]]) -> None:
+    def _ship(
+        self, metrics: tuple[int, bytes] | None, rollouts: list[tuple[int, int, bytes, int, bool]]
+    ) -> None:
         # 1. Say what is about to be logged (write-ahead), 2. log it, 3. wait until it is in the
         # client's log, 4. commit the offsets.
         self.cursor["pending"] = {
             "metrics": {"from": metrics[0], "to": metrics[0] + len(metrics[1])} if metrics else None,
-            "rollouts": {str(step): {"from": at, "to": at + len(data)} for step, at, data, _ in rollouts},
+            "rollouts": {str(step): {"from": at, "to": at + len(data)} for step, at, data, _, _ in rollouts},
         }
         self._save_cursor()
         if metrics is not None:
@@ -301,7 +312,7 @@ class Follower:
                 with self.metrics.open("rb") as fh:  # the file's first whole lines, to notice a rewrite
                     state["head_len"] = min(HEAD_BYTES, state["offset"])
                     state["head"] = hashlib.sha256(fh.read(state["head_len"])).hexdigest()
-        for step, at, data, skip in rollouts:
+        for step, at, data, skip, finished in rollouts:
             state = self.cursor["rollouts"].setdefault(str(step), {"offset": 0, "items": 0, "groups": 0})
             lines, _ = complete_lines(data if data.endswith(b"\n") else data + b"\n")
             samples = rollout_samples(lines, step, self.skipped, first_group=state["groups"])
@@ -314,6 +325,8 @@ class Follower:
                 groups=state["groups"] + group_count(samples),
             )
             state.pop("redo", None)
+            if finished:
+                state["done"] = True
         if not self.run.flush(FLUSH_WAIT_S):
             raise FollowError(
                 f"the client could not write its log {self.run.events_path} within {FLUSH_WAIT_S:g} s (a full or "
@@ -325,26 +338,20 @@ class Follower:
                 "follow stops rather than leave a gap. Start it again: it goes on from its cursor"
             )
         self.cursor["pending"] = None
+        self._forget_done_files()
         self._save_cursor()
 
-
-def _logged(events_path: Path) -> tuple[int, dict[int, int]]:
-    """What the client's log holds: the highest metrics step, and the samples per step."""
-    step, items = -1, {}
-    with contextlib.suppress(FileNotFoundError), events_path.open("rb") as fh:
-        for raw in fh:
-            try:
-                event = json.loads(raw)
-            except (ValueError, RecursionError):
-                continue  # a torn last line is no event
-            if not isinstance(event, dict):
-                continue
-            if event.get("type") == "metrics":
-                step = max(step, int(event.get("step", -1)))
-            elif event.get("type") == "samples":
-                at = int(event.get("step", -1))
-                items[at] = items.get(at, 0) + len(event.get("items") or [])
-    return step, items
+    def _forget_done_files(self) -> None:
+        """Move ``rollouts_done_through`` past the files taken whole, in step order, and drop
+        their entries: the cursor stays the size of the files still being written."""
+        entries = self.cursor["rollouts"]
+        done = self.cursor.get("rollouts_done_through", -1)
+        for step in sorted(int(key) for key in entries):
+            if not entries[str(step)].get("done"):
+                break
+            done = step
+            del entries[str(step)]
+        self.cursor["rollouts_done_through"] = done
 
 
 # ---------------------------------------------------------------------- the command
@@ -361,7 +368,8 @@ def verl_metrics_path(given: str | None, project: str, experiment: str) -> Path 
         else:
             return None
     path = Path(given).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (not path.exists() and path.suffix != ".jsonl"):
+        # A root (verl may not have made it yet: follow can start first); a file ends in .jsonl.
         return path / project / f"{experiment}.jsonl"
     return path
 
@@ -453,10 +461,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         follower = Follower(the_run, metrics, rollouts, directory / CURSOR_FILE, settle_s=args.settle)
     except FollowError as exc:
-        the_run.finish("failed", str(exc))
+        the_run.close()  # not ended: fixed, the same --dir goes on with it
         raise SystemExit(f"tributary follow: {exc}") from None
     print(f"follow: {metrics or '-'} and {rollouts or '-'} into {directory}", flush=True)
-    status, message = _follow(the_run, follower, args)
+    try:
+        status, message = _follow(the_run, follower, args)
+    except FollowError as exc:
+        the_run.close()  # not ended: its message says what to fix; the same --dir goes on
+        raise SystemExit(f"tributary follow: {exc}") from None
     if follower.skipped.total():
         the_run.log_text(f"follow skipped {follower.skipped.words()}", "warning")
     print(
@@ -490,9 +502,6 @@ def _follow(the_run: Any, follower: Follower, args: argparse.Namespace) -> tuple
             if args.until_idle is not None and time.monotonic() - idle_since >= args.until_idle:
                 return _end(follower, "succeeded", f"nothing new from verl for {args.until_idle:g} s")
             time.sleep(args.poll)
-    except FollowError as exc:
-        print(f"tributary follow: {exc}", file=sys.stderr, flush=True)
-        return "failed", str(exc)
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)

@@ -62,7 +62,7 @@ class TributaryCallback(TrainerCallback):
         self._init_kwargs = init_kwargs
         self._stopped = False
         self._shipped: list[Any] = []  # the advantage objects of samples already sent (see _new_samples)
-        self._shipped_ids: set[int] = set()
+        self._shipped_ids: set[tuple[int, Any, Any]] = set()
 
     @classmethod
     def attach(cls, trainer: Any, run: Any = None, **kwargs: Any) -> TributaryCallback:
@@ -119,9 +119,10 @@ class TributaryCallback(TrainerCallback):
         """The completions in the trainer's ``_logs`` not sent yet, as grouped samples.
 
         ``_logs`` keeps the latest generation batch (deques of ``generation_batch_size``) and is
-        not cleared by a log call, so the same batch can be seen by several logs. New rows are
-        told by identity: each row's advantage is a fresh float object (``tensor.tolist()``),
-        and holding the ones already sent keeps their ids from being reused."""
+        not cleared by a log call, so the same batch can be seen by several logs. A row is told
+        by its advantage's identity (a fresh float object from ``tensor.tolist()``; holding the
+        ones already sent keeps their ids from being reused) with its prompt and completion: a
+        trainer that logs no advantages (all None, one object) is told apart by the text."""
         logs = getattr(self.trainer, "_logs", None)
         if not isinstance(logs, Mapping) or not logs.get("completion"):
             return []
@@ -132,11 +133,12 @@ class TributaryCallback(TrainerCallback):
         extra_columns = {name: list(values) for name, values in (logs.get("extra") or {}).items()}
         if not (len(prompts) == len(completions) == len(advantages)):
             return []
-        new = [i for i, a in enumerate(advantages) if id(a) not in self._shipped_ids]
+        keys = [(id(a), p, c) for a, p, c in zip(advantages, prompts, completions)]
+        new = [i for i, key in enumerate(keys) if key not in self._shipped_ids]
         if not new:
             return []
         self._shipped = advantages
-        self._shipped_ids = {id(a) for a in advantages}
+        self._shipped_ids = set(keys)
         weights = _weights(self.trainer, list(rewards))
         per_group = max(1, int(getattr(self.trainer, "num_generations", 1) or 1))
         first = new[0]
