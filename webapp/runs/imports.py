@@ -4,7 +4,9 @@ The files are read by the same code ``python -m tributary follow`` reads them wi
 (``tributary.integrations.verl.run_events``: verl's file logger JSONL and its
 ``trainer.rollout_data_dir`` dumps), and their events are stored through the ingest path
 (``ingest.store_events``: validation, quarantine, the health rules, live announcements) as if
-a script had shipped them: one run, its statuses starting, running and succeeded around them.
+a script had shipped them: one run, its statuses starting, running and succeeded around them,
+all in one transaction: a failure part-way leaves no half-imported run (an external run is never
+swept, so it would stay "running").
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.db import transaction
+
 from tributary.integrations.verl import Skipped, run_events
 from webapp.runs.external import create_external_run
 from webapp.runs.ingest import store_events
 from webapp.runs.models import Run
 from webapp.teams.models import Project
 
-STORE_BATCH = 200  # events per store_events call: one transaction each, as an ingest message
+STORE_BATCH = 200  # events per store_events call, as an ingest message
 
 
 def import_verl_run(
@@ -29,6 +33,20 @@ def import_verl_run(
     events, skipped = run_events(metrics, rollouts, time=time.time())
     files = (["metrics"] if metrics else []) + [f"{step}.jsonl" for step in sorted(rollouts)]
     config = {"source": "verl (uploaded files)", "files": files[:1000]}
+    with transaction.atomic():
+        run = _store(project, user, name, config, events, skipped)
+    run.refresh_from_db()
+    return run, skipped
+
+
+def _store(
+    project: Project,
+    user: Any,
+    name: str,
+    config: dict[str, Any],
+    events: list[dict[str, Any]],
+    skipped: Skipped,
+) -> Run:
     run, _ = create_external_run(project, user, name=name, config=config, tags=["verl"], client_id=None)
     who = getattr(user, "username", "someone")
     said = f"imported from verl's files: {len(events)} events; skipped {skipped.words()}"
@@ -41,5 +59,4 @@ def import_verl_run(
     numbered = [{"run": run.pk, "seq": seq, **event} for seq, event in enumerate(everything, start=1)]
     for start in range(0, len(numbered), STORE_BATCH):
         store_events(run.pk, numbered[start : start + STORE_BATCH])
-    run.refresh_from_db()
-    return run, skipped
+    return run
