@@ -361,8 +361,9 @@ def test_the_full_log_stops_growing_at_its_cap_and_says_so(
     client_for, member, run: Run, settings: Any
 ) -> None:
     """Past FULL_LOG_MAX_BYTES the file ends with one line naming the cap and where the rest is;
-    lines past the cap still reach the tab with offsets that go on in one byte space, and a
-    rolled-back chunk past the cap is cut as before."""
+    lines past the cap still reach the tab with offsets that go on in one byte space; the file is
+    not touched again, also when the cap is raised or lowered afterwards (its committed length is
+    stored, never derived from the setting)."""
     settings.FULL_LOG_MAX_BYTES = 16
     store_output(run.pk, 0, STREAM, 0, b"0123456789\n")  # 11 bytes: under the cap
     store_output(run.pk, 0, STREAM, 11, b"abcdefghij\n")  # crosses it: 5 bytes kept, then the line
@@ -370,15 +371,25 @@ def test_the_full_log_stops_growing_at_its_cap_and_says_so(
     kept = full_log_path(run.pk).read_bytes()
     assert kept.startswith(b"0123456789\nabcde\n----- the web app keeps the first ")
     assert kept.count(b"FULL_LOG_MAX_MB") == 1 and b"after the cap" not in kept
-    assert output_module.kept_bytes(36) == len(kept)
+    run.refresh_from_db()
+    assert (run.output_kept_bytes, run.output_file_bytes) == (len(kept), 36)
     assert [(offset, message) for offset, _, message in lines_of(run)] == [
         (0, "0123456789"),
         (11, "abcdefghij"),
         (22, "after the cap"),
     ]
-    with full_log_path(run.pk).open("ab") as fh:
-        fh.write(b"from a transaction that failed")
-    store_output(run.pk, 0, STREAM, 36, b"more\n")
-    assert full_log_path(run.pk).read_bytes() == kept
+    for cap in (10_000, 4):
+        settings.FULL_LOG_MAX_BYTES = cap
+        store_output(run.pk, 0, STREAM, 36 if cap > 4 else 41, b"more\n")
+        assert full_log_path(run.pk).read_bytes() == kept
     response = client_for(member).get(f"/runs/{run.pk}/logs/engine.log")
     assert b"".join(response.streaming_content) == kept and response["Content-Length"] == str(len(kept))
+
+
+def test_a_rolled_back_chunk_is_cut_before_the_next_under_the_cap(run: Run, settings: Any) -> None:
+    settings.FULL_LOG_MAX_BYTES = 64
+    store_output(run.pk, 0, STREAM, 0, b"committed\n")
+    with full_log_path(run.pk).open("ab") as fh:
+        fh.write(b"from a transaction that failed")
+    store_output(run.pk, 0, STREAM, 10, b"next\n")
+    assert full_log_path(run.pk).read_bytes() == b"committed\nnext\n"

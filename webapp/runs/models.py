@@ -122,7 +122,13 @@ class Run(models.Model):
         default=0, help_text="Output cursor: the byte of that file up to which the output is stored."
     )
     output_file_bytes = models.BigIntegerField(
-        default=0, help_text="Committed length of the run's stored full log."
+        default=0,
+        help_text="Bytes of output received for the run's full log: the byte space of its lines' offsets.",
+    )
+    output_kept_bytes = models.BigIntegerField(
+        default=0,
+        help_text="Committed length of the full log file the web app keeps (equal to output_file_bytes "
+        "until it reached FULL_LOG_MAX_MB and stopped growing).",
     )
     output_lines_dropped = models.BigIntegerField(
         default=0,

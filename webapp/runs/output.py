@@ -4,11 +4,11 @@ vLLM engine, progress bars), received in byte chunks over the ingest socket (``s
 Two copies, for two uses:
 
 - the whole file, byte for byte, in ``<data dir>/run-logs/<run id>.log`` (``full_log_path``): the
-  run page offers it for download. Its committed length is ``Run.output_file_bytes``; bytes past it
+  run page offers it for download. Its committed length is ``Run.output_kept_bytes``; bytes past it
   (written by a transaction that then failed) are cut before the next chunk is appended. The file
-  stops growing at ``settings.FULL_LOG_MAX_BYTES`` with a line that says so (``kept_bytes``):
-  ``output_file_bytes`` goes on counting, so line offsets stay one byte space, and the lines past
-  the cap still reach the Logs tab.
+  stops growing at ``settings.FULL_LOG_MAX_BYTES`` with a line that says so, for good (a cap
+  raised later does not reopen it): ``Run.output_file_bytes`` goes on counting what was received,
+  so line offsets stay one byte space, and the lines past the cap still reach the Logs tab.
 - its lines, as ``OutputLine`` rows for the Logs tab (level guessed from the text, searchable,
   live): only the newest ``OUTPUT_LINES_KEPT`` of a run are kept (``Run.output_lines_dropped``
   counts the rest, which the page says, pointing at the download).
@@ -107,14 +107,6 @@ def _cap_line(cap: int) -> bytes:
     ).encode()
 
 
-def kept_bytes(output_file_bytes: int) -> int:
-    """The length of the web app's full log file when ``output_file_bytes`` of output are counted:
-    all of it up to the cap, then the cap and the line that says so."""
-    cap = settings.FULL_LOG_MAX_BYTES
-    size = max(output_file_bytes, 0)
-    return size if size <= cap else cap + len(_cap_line(cap))
-
-
 def store_output(run_id: int, attempt: int, stream: str, offset: int, data: bytes) -> int:
     """Store bytes of the output file ``stream`` from its byte ``offset`` on, shipped by the worker
     of ``attempt``; see the module docstring. Returns the cursor after it (what the socket acks).
@@ -136,20 +128,8 @@ def store_output(run_id: int, attempt: int, stream: str, offset: int, data: byte
         prefix = b""
         if new_stream and run.output_file_bytes:
             prefix = f"\n----- attempt {attempt}: the output of another engine.log -----\n".encode()
-        path = full_log_path(run_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
         start = run.output_file_bytes + len(prefix)
-        cap = settings.FULL_LOG_MAX_BYTES
-        blob = prefix + data
-        with path.open("ab") as fh:
-            fh.truncate(
-                kept_bytes(run.output_file_bytes)
-            )  # what a failed transaction wrote after the committed end
-            fh.write(blob[: max(0, cap - run.output_file_bytes)])
-            if run.output_file_bytes <= cap < run.output_file_bytes + len(blob):
-                fh.write(_cap_line(cap))
-            fh.flush()
-            os.fsync(fh.fileno())  # on disk before the cursor that counts it commits
+        kept = _keep(run, prefix + data)
         now = timezone.now()
         found = split_lines(prefix + data, run.output_file_bytes)
         # Lines the bound would delete at once are not written at all (a burst of a chatty process).
@@ -163,6 +143,7 @@ def store_output(run_id: int, attempt: int, stream: str, offset: int, data: byte
             output_stream=stream,
             output_bytes=held + len(data),
             output_file_bytes=start + len(data),
+            output_kept_bytes=kept,
             output_lines_dropped=run.output_lines_dropped + dropped,
         )
         live = [line_out(r) for r in rows[-LIVE_LINES:]]
@@ -170,6 +151,26 @@ def store_output(run_id: int, attempt: int, stream: str, offset: int, data: byte
             # A burst (a chunk is up to 1 MiB) goes out as its newest lines, saying how many it left out.
             announce.output_stored(run_id, live, skipped=len(found) - len(live))
     return held + len(data)
+
+
+def _keep(run: Run, blob: bytes) -> int:
+    """Append what of ``blob`` the full log file keeps; its committed length after. Until the cap
+    the file holds exactly what was received (its length equals ``output_file_bytes``); once it
+    reached the cap and ended with the line saying so, it is not touched again."""
+    kept = run.output_kept_bytes
+    if kept != run.output_file_bytes:
+        return kept  # capped for good
+    cap = settings.FULL_LOG_MAX_BYTES
+    part = blob[: max(0, cap - kept)]
+    cut = _cap_line(cap) if len(part) < len(blob) else b""
+    path = full_log_path(run.pk)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as fh:
+        fh.truncate(kept)  # what a failed transaction wrote after the committed end
+        fh.write(part + cut)
+        fh.flush()
+        os.fsync(fh.fileno())  # on disk before the length that counts it commits
+    return kept + len(part) + len(cut)
 
 
 def _keep_newest(run: Run) -> int:
@@ -205,17 +206,17 @@ def output_page(run: Run, *, after: int = -1, limit: int = 500) -> dict[str, Any
         "next_after": rows[-1].offset if rows else after,
         "has_more": has_more,
         "dropped": run.output_lines_dropped,
-        "full_log_bytes": kept_bytes(run.output_file_bytes),
+        "full_log_bytes": run.output_kept_bytes,
     }
 
 
 def full_log_response(run: Run, *, asynchronous: bool, missing_ok: bool = False) -> StreamingHttpResponse:
-    """The run's full engine output as received so far (its committed part, ``kept_bytes``),
+    """The run's full engine output as received so far (its committed part, ``output_kept_bytes``),
     streamed as a text file download. None yet: ``NoOutputYet``, or an empty file with
     ``missing_ok``. Under ASGI the body is an async iterator: Django reads a sync iterator whole
     into memory there first."""
     path = full_log_path(run.pk)
-    size = kept_bytes(run.output_file_bytes)
+    size = run.output_kept_bytes
     if size and not path.is_file():
         size = 0
     if not size and not missing_ok:
