@@ -28,6 +28,7 @@ from django import db
 from django.test import Client
 from django.utils import timezone
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from tests.webapp.event_builders import metrics, samples, status
 from webapp.runs import placement, reconcile
@@ -379,6 +380,42 @@ async def test_the_socket_renews_an_external_runs_token(
         settings.INGEST_TOKEN_MAX_AGE = usual
         assert "token" in ack
         assert await database_sync_to_async(check_ingest_token)(ack["token"], created["id"]) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_run_ended_here_refuses_what_its_script_still_sends(
+    web: str, member: Any, project: Project, token_for: Any
+) -> None:
+    """The second cancel ends the run here while its script may still be alive: the script's
+    next batch is refused with 4410 (the run is over) and nothing more is stored in it."""
+    created = await _api_create(web, member, token_for)
+    pk = created["id"]
+    async with _script(created["ingest_url"], created["ingest_token"]) as (ws, _hello):
+        await _ship(ws, [status(1, "running"), metrics(2, 1, reward=0.5)])
+        run = await _run(pk)
+        await database_sync_to_async(request_cancel)(run, "first")
+        await _message(ws, "cancel")
+        await database_sync_to_async(request_cancel)(await _run(pk), "second")
+        run = await _run(pk)
+        assert (run.status, run.final_seq) == (RunStatus.CANCELLED, 2)
+        await ws.send(json.dumps({"type": "events", "events": [metrics(3, 2, reward=9.0)]}))
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await asyncio.wait_for(ws.recv(), TIMEOUT)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4410
+    steps = await database_sync_to_async(
+        lambda: list(MetricPoint.objects.filter(run_id=pk).values_list("step", flat=True))
+    )()
+    assert steps == [1]
+
+
+def test_the_pages_cancel_words_say_what_happened(
+    client_for: Any, member: Any, make_run: Callable[..., Run]
+) -> None:
+    queued = make_run()
+    page = client_for(member).post(f"/runs/{queued.pk}/cancel/", follow=True).content.decode()
+    assert "Cancelled before it started." in page and "its script" not in page
 
 
 def test_the_run_page_says_external_and_offers_no_fork(

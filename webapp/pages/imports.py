@@ -22,8 +22,8 @@ from django.shortcuts import redirect, render
 
 from tributary.integrations.verl import rollout_file_step
 from webapp.pages.teams.views import project_or_error
-from webapp.runs.external import ExternalRefused
 from webapp.runs.imports import import_verl_run
+from webapp.runs.services import ProjectArchived
 from webapp.teams.choices import Role
 
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024  # all files together, unpacked: larger runs use `follow`
@@ -57,7 +57,7 @@ def import_verl(request: HttpRequest, project_id: int) -> HttpResponse:
             )
         except UploadRefused as exc:
             form.add_error(exc.field if exc.field in form.fields else None, str(exc))
-        except ExternalRefused as exc:
+        except ProjectArchived as exc:
             form.add_error(None, str(exc))
         else:
             if skipped.total():

@@ -32,12 +32,12 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from engine.events import MAX_DEPTH
-from webapp.inputs import json_problem
+from tributary.shipper import nesting
 from webapp.live import announce
 from webapp.runs.choices import RunOrigin, RunStatus
 from webapp.runs.models import Run
 from webapp.runs.placement import EXTERNAL_WAITING, reporting_from, taken_by
-from webapp.runs.services import RunConfigInvalid
+from webapp.runs.services import RunConfigInvalid, check_project_open
 from webapp.runs.tokens import ingest_token
 from webapp.teams.models import Project
 
@@ -55,36 +55,21 @@ class ExternalRefused(ValueError):
     the run's state forbids it); the message says why and what to do."""
 
 
-def _depth(value: Any, limit: int) -> int:
-    """How deeply ``value`` nests, counted up to ``limit + 1`` (no deeper walk: bounded work)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, level)
-            if level > limit:
-                return level
-            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
 def check_config(config: Any) -> dict[str, Any]:
     """The script's config as stored, or ``RunConfigInvalid`` naming ``config`` and the bound.
 
-    An object, at most ``MAX_CONFIG_DEPTH`` levels deep and ``MAX_CONFIG_BYTES`` as JSON, with
-    text and numbers a JSON column can store (``webapp.inputs.json_problem``)."""
+    An object, at most ``MAX_CONFIG_DEPTH`` levels deep and ``MAX_CONFIG_BYTES`` as JSON. That its
+    text and numbers are storable is the API's ``JsonValue``'s check (``webapp.inputs.json_problem``);
+    the web import's config is the web app's own."""
     if not isinstance(config, dict):
         raise RunConfigInvalid(
             [("config", f"must be an object of the script's settings, got {type(config).__name__}")]
         )
-    depth = _depth(config, MAX_CONFIG_DEPTH)
+    depth = nesting(config, MAX_CONFIG_DEPTH)
     if depth > MAX_CONFIG_DEPTH:
         raise RunConfigInvalid(
             [("config", f"nests deeper than {MAX_CONFIG_DEPTH} levels: flatten it (e.g. 'optim.lr': 1e-5)")]
         )
-    problem = json_problem(config)
-    if problem:
-        raise RunConfigInvalid([("config", problem)])
     size = len(json.dumps(config, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
     if size > MAX_CONFIG_BYTES:
         raise RunConfigInvalid(
@@ -97,14 +82,6 @@ def check_config(config: Any) -> dict[str, Any]:
             ]
         )
     return config
-
-
-def check_project(project: Project) -> None:
-    if project.archived_at is not None:
-        raise ExternalRefused(
-            f"project {project.team.slug}/{project.slug} is archived: restore it (its team's page, "
-            "Archived view) or create the run in another project"
-        )
 
 
 def create_external_run(
@@ -123,7 +100,7 @@ def create_external_run(
         found = Run.objects.filter(project=project, client_id=client_id).first()
         if found is not None:  # its script again (a restart, a retry): archived since or not
             return found, False
-    check_project(project)
+    check_project_open(project)
     try:
         with transaction.atomic():
             run = Run.objects.create(

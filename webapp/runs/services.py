@@ -19,6 +19,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from engine.config import ConfigError, build_config, deep_merge
@@ -155,6 +156,10 @@ def request_cancel(run: Run, message: str = "") -> Run:
         raise InvalidTransition(run.pk, run.status, RunStatus.CANCELLED)
     if run.is_external and run.cancel_requested_at is not None:
         run.cancel(f"{message}: ended here, its script did not stop after the first cancel")
+        # Ended here, not by its script: what the script sends from now on is refused
+        # (``ingest.IngestClosed``, close 4410), so nothing lands in a run shown as cancelled.
+        Run.objects.filter(pk=run.pk, final_seq=None).update(final_seq=F("last_seq"))
+        run.refresh_from_db()
         announce.status_changed(run.pk)
         return run
     if run.status == RunStatus.QUEUED:

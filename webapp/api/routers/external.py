@@ -17,7 +17,7 @@ from ninja import Router, Schema, Status
 from ninja.errors import ValidationError
 from pydantic import Field, field_validator
 
-from tributary.protocol import INGEST_PATH
+from tributary.shipper import ingest_url
 from webapp.api.routers import WRITE, Id
 from webapp.api.schemas import ErrorOut, JsonValue, Name, Text, clean_tags
 from webapp.runs.external import ExternalRefused, create_external_run, token_for
@@ -92,11 +92,7 @@ def _project(user: Any, ref: str) -> Project:
 
 
 def _ingest(request: HttpRequest, run: Run) -> dict[str, str]:
-    scheme = "wss" if request.is_secure() else "ws"
-    return {
-        "ingest_url": f"{scheme}://{request.get_host()}{INGEST_PATH.format(run_id=run.pk)}",
-        "ingest_token": token_for(run),
-    }
+    return {"ingest_url": ingest_url(request.build_absolute_uri("/"), run.pk), "ingest_token": token_for(run)}
 
 
 @router.post(
@@ -110,18 +106,15 @@ def create_external(request: HttpRequest, payload: ExternalRunIn) -> Status[dict
     and a fresh token when ``client_id`` already names a run of the project. 409 when the project
     is archived. The config is stored as given (bounded), never validated or executed."""
     project = _project(request.auth, payload.project)
-    try:
-        run, created = create_external_run(
-            project,
-            request.auth,
-            name=payload.name,
-            config=payload.config,
-            tags=payload.tags,
-            client_id=payload.client_id,
-        )
-        ingest = _ingest(request, run)
-    except ExternalRefused as exc:
-        return Status(409, {"detail": str(exc)})
+    run, created = create_external_run(
+        project,
+        request.auth,
+        name=payload.name,
+        config=payload.config,
+        tags=payload.tags,
+        client_id=payload.client_id,
+    )
+    ingest = _ingest(request, run)
     body = {"id": run.pk, "url": request.build_absolute_uri(run.get_absolute_url()), **ingest}
     return Status(201 if created else 200, body)
 

@@ -186,6 +186,7 @@ def run_cancel(request: HttpRequest, run: Run) -> HttpResponse:
     """Through htmx the answer is the fresh header, swapped in place (the charts and their zoom
     stay); a plain form post is redirected to the page with a message."""
     error = ""
+    asked_before = run.cancel_requested_at is not None
     try:
         request_cancel(run, f"cancelled by {request.user.get_username()}")
     except InvalidTransition:
@@ -195,15 +196,18 @@ def run_cancel(request: HttpRequest, run: Run) -> HttpResponse:
     if error:
         messages.error(request, error)
     else:
-        messages.success(
-            request,
-            "Ended here: its script had not stopped."
-            if run.status == RunStatus.CANCELLED
-            else "Cancel requested: its script is told to stop (run.should_stop())."
-            if run.is_external
-            else "Cancel requested: the worker stops the run and saves a checkpoint.",
-        )
+        messages.success(request, _cancel_words(run, asked_before))
     return redirect(run)
+
+
+def _cancel_words(run: Run, asked_before: bool) -> str:
+    if run.status != RunStatus.CANCELLED:
+        if run.is_external:
+            return "Cancel requested: its script is told to stop (run.should_stop())."
+        return "Cancel requested: the worker stops the run and saves a checkpoint."
+    if run.is_external and asked_before:
+        return "Ended here: its script had not stopped."
+    return "Cancelled before it started."
 
 
 @_member_action
