@@ -60,6 +60,9 @@ def test_summaries_follow_each_ingested_batch(run: Run) -> None:
     # A metric logged twice at one step is stored once, with its first value: so is its summary.
     store_events(run.pk, [metrics(6, 5, reward=0.3), metrics(7, 5, reward=7.0)])
     assert _summary(run, "reward") == (0.3, 5, -1.0, 0.9, 5)
+    # ... also when the repeat comes in a later batch, beside a new step.
+    store_events(run.pk, [metrics(8, 5, reward=9.0), metrics(9, 6, reward=0.4)])
+    assert _summary(run, "reward") == (0.4, 6, -1.0, 0.9, 6)
 
 
 def _attempt(

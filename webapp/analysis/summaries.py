@@ -27,15 +27,18 @@ Point = tuple[Any, ...]
 MAX_ROWS_PER_STATEMENT = 500  # 7 parameters a row: well under SQLite's 32,766 and PostgreSQL's 65,535
 
 
-def _folded(points: Iterable[Point]) -> dict[tuple[int, str], list[Any]]:
+def _folded(points: Iterable[Point], stored: dict[str, int]) -> dict[tuple[int, str], list[Any]]:
     """Per (run, name): [last, last_step, min, max, count, attempt of the last], points in seq order.
 
     A metric an attempt logs twice at one step is stored once (its first value, ``bulk.py``'s
     ignore-conflicts); the repeat is recognised here as the same step and attempt as the metric's
     latest point, which is where an engine repeats one (one pass, no set of every point: this runs
-    for every point ingested)."""
+    for every point ingested), or, across batches, as a step at or before the summary's stored
+    ``last_step`` (``stored``). A rewind's earlier steps are left to ``rebuild``."""
     out: dict[tuple[int, str], list[Any]] = {}
     for run_id, name, step, value, _time, _seq, attempt in points:
+        if step <= stored.get(name, -1):
+            continue
         row = out.get((run_id, name))
         if row is None:
             out[run_id, name] = [value, step, value, value, 1, attempt]
@@ -55,7 +58,15 @@ def _folded(points: Iterable[Point]) -> dict[tuple[int, str], list[Any]]:
 def record(points: Sequence[Point]) -> None:
     """Fold ``points`` (a batch as ingest stores them) into the summaries: one statement per
     500 metric names of the batch (a batch of one run's steps has tens)."""
-    folded = _folded(points)
+    if not points:
+        return
+    run_ids = {point[0] for point in points}
+    assert len(run_ids) == 1, "a batch is one run's"
+    names = {point[1] for point in points}
+    stored = dict(
+        MetricSummary.objects.filter(run_id=run_ids.pop(), name__in=names).values_list("name", "last_step")
+    )
+    folded = _folded(points, stored)
     if not folded:
         return
     table = connection.ops.quote_name(MetricSummary._meta.db_table)
