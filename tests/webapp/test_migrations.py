@@ -42,6 +42,33 @@ def test_a_stored_trainer_max_staleness_moves_to_the_async_section() -> None:
     assert newer.config == {"preset": "grpo", "trainer": {}, "async": {"max_staleness": 2}}
 
 
+@pytest.mark.django_db(transaction=True)
+def test_stored_samples_get_their_prompt_hash_and_runs_their_kept_log_length() -> None:
+    """0014 fills ``Sample.prompt_hash`` (in batches, one statement each) and 0015 takes a run's kept
+    full-log length to be all it received (no cap existed before)."""
+    from webapp.runs.models import prompt_hash
+
+    before = [("runs", "0013_run_external"), ("teams", "0003_invites_archive")]
+    after = [("runs", "0015_run_output_kept_bytes"), ("teams", "0003_invites_archive")]
+    old = _migrate(before)
+    team = old.get_model("teams", "Team").objects.create(name="T", slug="t")
+    project = old.get_model("teams", "Project").objects.create(team=team, name="P", slug="p")
+    run = old.get_model("runs", "Run").objects.create(
+        name="r", project=project, config={}, output_file_bytes=1234
+    )
+    Sample = old.get_model("runs", "Sample")
+    prompts = ["What is 2+2?", "é ∑ odd", "What is 2+2?"]
+    for i, prompt in enumerate(prompts):
+        Sample.objects.create(run=run, step=1, seq=1, index=i, prompt=prompt, completion="c")
+
+    new = _migrate(after)
+    hashes = list(
+        new.get_model("runs", "Sample").objects.order_by("index").values_list("prompt_hash", flat=True)
+    )
+    assert hashes == [prompt_hash(p) for p in prompts] and hashes[0] == hashes[2]
+    assert new.get_model("runs", "Run").objects.get(pk=run.pk).output_kept_bytes == 1234
+
+
 @pytest.fixture(autouse=True)
 def _back_to_the_latest_schema():
     """The later tests expect every migration applied."""

@@ -309,6 +309,22 @@ TOKENS = {
 }
 
 
+def test_only_the_page_of_groups_shown_gets_token_views(
+    viewer_client: Client, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token view costs a row per token (up to 4,096, and a client's samples need not keep the
+    engine's caps): a step's groups off the page are not built at all."""
+    from webapp.pages.rollouts import analysis, views
+
+    prompts = [(f"prompt {i}", [{"completion": "c", "extra": {"tokens": TOKENS}}]) for i in range(20)]
+    add_samples(run, 1, prompts)
+    built: list[int] = []
+    real = analysis.token_view
+    monkeypatch.setattr(analysis, "token_view", lambda extra: built.append(1) or real(extra))
+    html = viewer_client.get(url(run)).content.decode()
+    assert len(built) == views.GROUPS_PER_PAGE == html.count('class="token-view"')
+
+
 def test_a_completion_with_tokens_has_a_coloured_token_view(viewer_client: Client, run: Run) -> None:
     add_samples(
         run,

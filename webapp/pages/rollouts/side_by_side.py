@@ -52,7 +52,7 @@ def _side(run: Run, anchor: Sample, raw_step: str | None, field: str) -> dict[st
     """One column: the steps where ``run`` has the prompt, the chosen one (``raw_step``, else the
     latest; a step without the prompt falls to the nearest that has it) and its completions."""
     same = _prompt_samples(run, anchor)
-    steps = sorted(set(same.values_list("step", flat=True)))
+    steps = list(same.order_by("step").values_list("step", flat=True).distinct())
     step = None
     if steps:
         wanted = parse_id(raw_step, INT_MAX) if raw_step else None

@@ -113,7 +113,9 @@ def _reward_level(reward: float | None, scale: tuple[float, float] | None) -> in
     return min(max(round(fraction * (REWARD_LEVELS - 1)), 0), REWARD_LEVELS - 1)
 
 
-def _rollout(sample: Sample, scale: tuple[float, float] | None) -> dict[str, Any]:
+def _rollout(sample: Sample, scale: tuple[float, float] | None, tokens: bool = True) -> dict[str, Any]:
+    """One completion as its card shows it; ``tokens``: with its token view (a page of groups: the
+    view costs a row per token, so a step's other groups go without)."""
     extra = sample.extra if isinstance(sample.extra, dict) else {}
     components = extra.get("components")
     components = (
@@ -144,7 +146,7 @@ def _rollout(sample: Sample, scale: tuple[float, float] | None) -> dict[str, Any
         "truncated": truncated,
         "policy_version": extra.get("policy_version"),
         "group": extra.get("group"),
-        "tokens": analysis.token_view(extra),
+        "tokens": analysis.token_view(extra) if tokens else None,
     }
 
 
@@ -167,9 +169,11 @@ def _order(groups: list[dict[str, Any]], sort: str) -> None:
         groups.sort(key=lambda g: (g[field] is None, sign * (g[field] or 0)))
 
 
-def _groups(samples: list[Sample], sort: str, scale: tuple[float, float] | None) -> list[dict[str, Any]]:
+def _groups(
+    samples: list[Sample], sort: str, scale: tuple[float, float] | None, tokens: bool = True
+) -> list[dict[str, Any]]:
     """Rollouts grouped by prompt text, in order of first appearance (or by the sort); each
-    rollout's colour is relative to the run's reward range ``scale``."""
+    rollout's colour is relative to the run's reward range ``scale``; ``tokens``: see ``_rollout``."""
     by_prompt: dict[str, dict[str, Any]] = {}
     for sample in samples:
         group = by_prompt.get(sample.prompt)
@@ -184,7 +188,7 @@ def _groups(samples: list[Sample], sort: str, scale: tuple[float, float] | None)
                 "first_id": sample.pk,
                 "rollouts": [],
             }
-        group["rollouts"].append(_rollout(sample, scale))
+        group["rollouts"].append(_rollout(sample, scale, tokens))
     groups = list(by_prompt.values())
     for group in groups:
         rewards = [r["reward"] for r in group["rollouts"] if r["reward"] is not None]
@@ -273,11 +277,15 @@ def _browse(request: HttpRequest, run: Run, base_url: str, shared: bool) -> Http
             wanted = min(steps, key=lambda s: (abs(s - wanted), s))
         step = wanted
     samples = list(base.filter(step=step).order_by("seq", "index")[:MAX_SAMPLES]) if step is not None else []
-    groups = _groups(samples, sort, context["reward_range"])
+    groups = _groups(samples, sort, context["reward_range"], tokens=False)
     pages = max(math.ceil(len(groups) / GROUPS_PER_PAGE), 1)
     page = min(page, pages)
     shown = groups[(page - 1) * GROUPS_PER_PAGE : page * GROUPS_PER_PAGE]
+    extras = {sample.pk: sample.extra for sample in samples}
     for group in shown:
+        for rollout in group["rollouts"]:  # the token views of the page's groups only
+            extra = extras.get(rollout["id"])
+            rollout["tokens"] = analysis.token_view(extra) if isinstance(extra, dict) else None
         group["follow_url"] = _url(base_url, follow=group["first_id"], sort=sort, q=q)
         if not shared:
             group["compare_url"] = _url(base_url, compare=group["first_id"])

@@ -14,17 +14,16 @@ def fill(apps, schema_editor):
     Sample = apps.get_model("runs", "Sample")
     last = 0
     while True:
-        rows = list(Sample.objects.filter(pk__gt=last).order_by("pk").values_list("pk", "prompt")[:BATCH])
+        rows = list(Sample.objects.filter(pk__gt=last).order_by("pk").only("pk", "prompt")[:BATCH])
         if not rows:
             break
-        by_hash: dict[str, list[int]] = {}
-        for pk, prompt in rows:
+        for row in rows:
             # runs.models.prompt_hash, frozen here as migrations are
-            digest = hashlib.md5(prompt.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()
-            by_hash.setdefault(digest, []).append(pk)
-        for digest, pks in by_hash.items():
-            Sample.objects.filter(pk__in=pks).update(prompt_hash=digest)
-        last = rows[-1][0]
+            row.prompt_hash = hashlib.md5(
+                row.prompt.encode("utf-8", "surrogatepass"), usedforsecurity=False
+            ).hexdigest()
+        Sample.objects.bulk_update(rows, ["prompt_hash"])  # one statement per batch
+        last = rows[-1].pk
 
 
 class Migration(migrations.Migration):
