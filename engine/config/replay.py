@@ -19,7 +19,8 @@ class ReplayConfig(Section):
         lt=1.0,
         title="Replay ratio",
         description="Fraction of each step's training groups taken from the replay buffer (0 = off). The step "
-        "generates only the rest, so the batch keeps trainer.prompts_per_step groups.",
+        "generates only the rest; while the buffer holds fewer groups young enough (the first steps, "
+        "after max_age evictions) the batch is that much smaller (replay/missing_groups counts them).",
     )
     max_age: int = Field(
         4,

@@ -78,6 +78,12 @@ class RunConfig(Section):
                 "replay.ratio: rollout replay does not combine with async.partial_rollouts yet; "
                 "set replay.ratio 0 or partial_rollouts false"
             )
+        if self.async_.periodic:
+            raise ValueError(
+                "replay.ratio: rollout replay does not combine with async.periodic yet (the replayed rows "
+                "would make each step recompute the log-probs periodic mode computes during generation); "
+                "set replay.ratio 0 or periodic false"
+            )
         if self.replay.max_age <= self.async_.max_staleness:
             raise ValueError(
                 f"replay.max_age: {self.replay.max_age} versions; a group is at least async.max_staleness + 1 = "

@@ -103,7 +103,6 @@ class ReplayBuffer:
                         {
                             "prompt_uid": r.prompt.uid,
                             "prompt_check": prompt_checksum(r.prompt),
-                            "prompt_ids": pack_array(r.prompt_ids, "<i8"),
                             "token_ids": pack_array(r.completion.token_ids, "<i8"),
                             "logprobs": pack_array(r.completion.logprobs, "<f8"),
                             "text": r.completion.text,
@@ -149,7 +148,7 @@ class ReplayBuffer:
                 rows.append(
                     Rollout(
                         prompt=prompt,
-                        prompt_ids=unpack_array(r["prompt_ids"], "<i8"),
+                        prompt_ids=list(prompt.token_ids),  # what it was generated from (checked above)
                         completion=completion,
                         reward=float(r["reward"]),
                         components={k: float(v) for k, v in r["components"].items()},

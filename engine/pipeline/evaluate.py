@@ -24,7 +24,9 @@ def evaluate(producer: RolloutProducer, prompts: list[Prompt], *, pass_k: int, s
     if not prompts:
         return {}
     t0 = time.perf_counter()
-    greedy, result, _, _ = producer.generate_and_score(prompts, producer.sampling_params(n=1, temperature=0.0), -1)
+    greedy, result, _, _ = producer.generate_and_score(
+        prompts, producer.sampling_params(n=1, temperature=0.0, token_view=False), -1
+    )
     acc_name = correctness_component(result.components)
     correct = _correct(greedy, acc_name)
     out = {
@@ -33,7 +35,7 @@ def evaluate(producer: RolloutProducer, prompts: list[Prompt], *, pass_k: int, s
         "eval/response_length": float(np.mean([len(r.completion.token_ids) for r in greedy])),
     }
     if pass_k > 0:
-        params = producer.sampling_params(n=pass_k, seed=seed_for(seed, -1))
+        params = producer.sampling_params(n=pass_k, seed=seed_for(seed, -1), token_view=False)
         sampled, result, _, _ = producer.generate_and_score(prompts, params, -1)
         hits = np.array(_correct(sampled, acc_name), dtype=bool).reshape(len(prompts), pass_k)
         out[f"eval/pass@{pass_k}"] = float(hits.any(axis=1).mean())

@@ -175,9 +175,8 @@ class Orchestrator:
         correction. The replayed groups pass no staleness check: ``replay.max_age`` bounds their age."""
         assert self.replay is not None
         version = self.trainer.policy_version
-        groups = self.replay.sample(
-            replayed_groups(self.cfg, step), version, seed_for(self.cfg.trainer.seed, step) ^ 0x5EED
-        )
+        wanted = replayed_groups(self.cfg, step)
+        groups = self.replay.sample(wanted, version, seed_for(self.cfg.trainer.seed, step) ^ 0x5EED)
         fresh = batch.rows if batch is not None else []
         n_fresh = len({r.group for r in fresh})
         ages = [version - g.version for g in groups]
@@ -186,6 +185,7 @@ class Orchestrator:
             "replay/buffer_groups": float(len(self.replay)),
             "replay/age_mean": sum(ages) / len(ages) if ages else 0.0,
             "replay/age_max": float(max(ages, default=0)),
+            "replay/missing_groups": float(wanted - len(groups)),  # the batch is this much smaller
         }
         if not groups:
             return batch, metrics

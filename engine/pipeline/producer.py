@@ -99,8 +99,13 @@ class RolloutProducer:
         """The step's ``selection/*`` metrics (none from a plain sampler)."""
         return self.sampler.metrics() if isinstance(self.sampler, PromptSelector) else {}
 
-    def sampling_params(self, *, n: int, temperature: float | None = None, seed: int | None = None) -> SamplingParams:
+    def sampling_params(
+        self, *, n: int, temperature: float | None = None, seed: int | None = None, token_view: bool = True
+    ) -> SamplingParams:
+        """``token_view``: the completions may be shown token by token (training rollouts, when
+        ``logging.token_samples_per_step`` > 0), so their entropies are worth computing."""
         r, log = self.cfg.rollout, self.cfg.logging
+        shown = token_view and log.token_samples_per_step > 0
         return SamplingParams(
             n=n,
             temperature=r.temperature if temperature is None else temperature,
@@ -109,8 +114,9 @@ class RolloutProducer:
             max_new_tokens=r.max_new_tokens,
             stop=tuple(r.stop),
             seed=seed,
+            entropies=shown,
             # vLLM's entropies are only worth their top-k log-probs when some samples will show them.
-            entropy_top_k=log.token_entropy_top_k if log.token_samples_per_step else 0,
+            entropy_top_k=log.token_entropy_top_k if shown else 0,
         )
 
     def generate_and_score(
@@ -228,7 +234,11 @@ class StepTally:
         acc = self.accuracy_component
         for start in range(0, len(rows), n):
             group = rows[start : start + n]
-            values = [r.components[acc] for r in group] if fg.metric == "acc" and acc else [r.reward for r in group]
+            values = (
+                [r.components[acc] for r in group]
+                if fg.metric == "acc" and acc
+                else [r.reward for r in group]
+            )
             self.total_groups += 1
             all_equal = len(group) > 1 and float(np.std(values)) == 0.0
             self.zero_std_groups += all_equal

@@ -42,10 +42,14 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    entropies: bool = False
+    """Report each token's entropy (``Completion.entropies``, the rollout browser's token view): the
+    torch backend computes it exactly from the logits, at a cost per decoded token; vLLM bounds it
+    from its top-k log-probs (``entropy_top_k``). Off for evaluation and when no sample shows tokens."""
     entropy_top_k: int = 0
     """For a backend that does not see the whole distribution (vLLM): how many of the most likely
     tokens' log-probs it asks for at each position to bound the token's entropy from below (0: it
-    reports none). The torch backend always reports the exact entropy."""
+    reports none)."""
 
 
 @dataclass
@@ -101,7 +105,9 @@ class RolloutBackend(Protocol):
         ...
 
 
-def checked_inputs(prompts: Sequence[Sequence[int]], params: SamplingParams, vocab_size: int) -> list[list[int]]:
+def checked_inputs(
+    prompts: Sequence[Sequence[int]], params: SamplingParams, vocab_size: int
+) -> list[list[int]]:
     """The prompts as lists of ints, after checking them and ``params``: every backend refuses the
     same bad input with the same message, before any work starts."""
     if params.n < 1:

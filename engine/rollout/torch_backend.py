@@ -207,7 +207,7 @@ class _Chunk:
 class _RowResult:
     token_ids: list[int]
     logprobs: list[float]
-    entropies: list[float]
+    entropies: list[float] | None  # None unless SamplingParams.entropies
     finish_reason: FinishReason
     text: str | None  # set when a stop string truncated it
 
@@ -428,7 +428,9 @@ class TorchRolloutBackend:
 
         out_tokens = torch.zeros((rows, max_new), dtype=torch.long, device=device)
         out_logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=device)
-        out_entropies = torch.zeros((rows, max_new), dtype=torch.float32, device=device)
+        out_entropies = (
+            torch.zeros((rows, max_new), dtype=torch.float32, device=device) if params.entropies else None
+        )
         lengths = [max_new] * rows
         reasons: list[FinishReason] = ["length"] * rows
         texts: list[str | None] = [None] * rows
@@ -441,7 +443,8 @@ class TorchRolloutBackend:
             tokens, logprobs, entropies = _sample(logits, params, u)
             out_tokens[row_seq, t] = tokens
             out_logprobs[row_seq, t] = logprobs
-            out_entropies[row_seq, t] = entropies
+            if out_entropies is not None:
+                out_entropies[row_seq, t] = entropies
             done = torch.isin(tokens, self._eos_tensor)
             if stop_mask is not None:
                 candidates = (stop_mask[tokens] & ~done).nonzero().flatten().tolist()
@@ -478,12 +481,12 @@ class TorchRolloutBackend:
 
         all_tokens = out_tokens.tolist()
         all_logprobs = out_logprobs.tolist()
-        all_entropies = out_entropies.tolist()
+        all_entropies = out_entropies.tolist() if out_entropies is not None else None
         return [
             _RowResult(
                 all_tokens[i][: lengths[i]],
                 all_logprobs[i][: lengths[i]],
-                all_entropies[i][: lengths[i]],
+                all_entropies[i][: lengths[i]] if all_entropies is not None else None,
                 reasons[i],
                 texts[i],
             )
@@ -678,17 +681,17 @@ class _GenericDecoder:
         return logits
 
 
-def _entropy(scaled: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Entropy (nats) of each row's ``softmax(scaled)``: ``H = -sum_v p_v log p_v`` with
-    ``log p = scaled - lse``; ``entr`` makes a token of probability 0 (a ``-inf`` logit) add 0."""
-    return torch.special.entr(torch.exp(scaled - lse)).sum(-1)
+def _entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of each row's distribution: ``H = -sum_v p_v log p_v``; ``entr`` makes a token
+    of probability 0 (a ``-inf`` logit) add 0."""
+    return torch.special.entr(probs).sum(-1)
 
 
 def _sample(
     logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pick one token per row; return it, its log-probability before top-k/top-p truncation, and the
-    entropy of that same distribution (what the token view of the rollout browser shows).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Pick one token per row; return it, its log-probability before top-k/top-p truncation, and
+    (``params.entropies``) the entropy of that same distribution (the rollout browser's token view).
 
     Greedy (``temperature == 0``): argmax, logprob of ``log_softmax(logits)``. Otherwise the token is the
     inverse-CDF lookup of the row's uniform in ``softmax(filtered logits / T)`` and its logprob is
@@ -699,7 +702,7 @@ def _sample(
         tokens = logits.argmax(-1)
         lse = torch.logsumexp(logits, -1, keepdim=True)
         logprobs = (logits.gather(-1, tokens[:, None]) - lse).squeeze(-1)
-        return tokens, logprobs, _entropy(logits, lse)
+        return tokens, logprobs, _entropy(torch.exp(logits - lse)) if params.entropies else None
     scaled = logits / params.temperature if params.temperature != 1 else logits
     lse = torch.logsumexp(scaled, -1, keepdim=True)
     vocab = scaled.shape[-1]
@@ -722,7 +725,7 @@ def _sample(
     target = torch.minimum(uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=vocab - 1)
     logprobs = (scaled.gather(-1, tokens[:, None]) - lse).squeeze(-1)
-    return tokens, logprobs, torch.special.entr(full).sum(-1)
+    return tokens, logprobs, _entropy(full) if params.entropies else None
 
 
 def _sequence_uniforms(seq_ids: Sequence[int], seed: int, steps: int) -> torch.Tensor:

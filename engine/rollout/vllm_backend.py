@@ -224,7 +224,7 @@ class VLLMRolloutBackend:
                 stop=list(params.stop) or None,
                 include_stop_str_in_output=True,
                 stop_token_ids=self._eos,
-                logprobs=params.entropy_top_k,
+                logprobs=params.entropy_top_k if params.entropies else 0,
                 seed=seed,
                 skip_special_tokens=True,
             )
@@ -246,7 +246,7 @@ class VLLMRolloutBackend:
                 ids = [int(t) for t in c.token_ids]
                 logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs, ids)]
                 entropies = None
-                if params.entropy_top_k:
+                if params.entropies and params.entropy_top_k:
                     entropies = [
                         entropy_lower_bound([lp.logprob for lp in step.values()], params.entropy_top_k)
                         for step in c.logprobs

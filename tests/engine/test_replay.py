@@ -41,6 +41,7 @@ def test_replay_is_off_by_default_and_its_config_errors_name_the_fix(
         ({"ratio": 0.1}, {}, "rounds to no replayed group"),
         ({"max_age": 1}, {"async": {"max_staleness": 1}}, "set max_age above that"),
         ({"max_age": 3}, {"async": {"max_staleness": 2, "partial_rollouts": True}}, "partial_rollouts"),
+        ({}, {"async": {"periodic": True}}, "async.periodic yet"),
         ({"capacity": 0}, {}, "replay.capacity"),
     ]:
         raw = replay_config(tiny_model_dir, tmp_path, **replay) | extra
@@ -175,6 +176,7 @@ def check_replay_metrics(metrics: dict[int, dict[str, float]], max_age: int) -> 
     for s in (2, 3, 4):
         m = metrics[s]
         assert m["replay/fraction"] == 0.5, (s, m["replay/fraction"])  # 2 of prompts_per_step 4 groups
+        assert m["replay/missing_groups"] == 0
         assert 1 <= m["replay/age_mean"] <= m["replay/age_max"] <= max_age
         assert 0.0 < m["replay/ess"] <= 1.0 + 1e-9 and m["replay/is_weight_mean"] > 0.0
 

@@ -133,7 +133,7 @@ def test_entropies_from_top_k_bound_the_torch_backends_exact_ones(backend, torch
     ``entropy_lower_bound``) at most the torch backend's exact entropy of the same distribution; without
     it, no entropies at all (the token view says so)."""
     prompts = encode(tokenizer, MIXED_TEXTS)
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16, entropy_top_k=20)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16, entropies=True, entropy_top_k=20)
     ours, theirs = backend.generate(prompts, params), torch_backend.generate(prompts, params)
     assert token_ids(ours) == token_ids(theirs)
     for g, h in zip(ours, theirs):
@@ -143,8 +143,12 @@ def test_entropies_from_top_k_bound_the_torch_backends_exact_ones(backend, torch
             # logprobs agree to LOGPROB_ATOL, an entropy of up to ~6 nats sums 20 such terms.
             for lower, exact in zip(c.entropies, d.entropies):
                 assert 0.0 <= lower <= exact + 20 * LOGPROB_ATOL
-    plain = backend.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=4))
-    assert all(c.entropies is None for g in plain for c in g.completions)
+    for plain_params in (
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=4),
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=4, entropy_top_k=20),  # not asked for
+    ):
+        plain = backend.generate(prompts, plain_params)
+        assert all(c.entropies is None for g in plain for c in g.completions)
 
 
 @in_child

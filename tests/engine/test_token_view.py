@@ -4,6 +4,7 @@ to what the policy itself computes; bounded per sample and per step; in sync and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import ClassVar
@@ -61,8 +62,14 @@ def generated(tiny_model_dir, tokenizer):
     backend = TorchRolloutBackend(model, tokenizer)
     prompts = encode(tokenizer, TEXTS)
     # top-k on: the recorded values are those of the untruncated distribution at the temperature.
-    params = SamplingParams(n=3, temperature=TEMPERATURE, top_k=20, max_new_tokens=24, seed=7)
+    params = SamplingParams(n=3, temperature=TEMPERATURE, top_k=20, max_new_tokens=24, seed=7, entropies=True)
     groups = backend.generate(prompts, params)
+    # Not asked for (evaluation, no token view): none computed, the same tokens drawn.
+    plain = backend.generate(prompts, dataclasses.replace(params, entropies=False))
+    assert all(c.entropies is None for g in plain for c in g.completions)
+    assert [c.token_ids for g in plain for c in g.completions] == [
+        c.token_ids for g in groups for c in g.completions
+    ]
     yield model, prompts, rollouts(groups, prompts, TEXTS)
     backend.close()
 
@@ -147,12 +154,16 @@ def test_a_character_split_across_byte_tokens_shows_on_the_token_that_completes_
     [None, {"max_staleness": 1}, {"max_staleness": 1, "partial_rollouts": True, "partial_chunk_tokens": 2}],
     ids=["sync", "async", "async-partial"],
 )
-def test_runs_send_tokens_within_the_caps(asynchronous: dict | None, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_runs_send_tokens_within_the_caps(
+    asynchronous: dict | None, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     raw = small_config(tiny_model_dir, tmp_path / "run", total_steps=2, eval_every=0)
     raw["logging"].update(samples_per_step=6, token_samples_per_step=3, tokens_per_sample=4)
     raw["checkpoint"] = {"every_steps": 0, "save_final": False}
     if asynchronous:
-        raw["async"] = asynchronous  # partial rollouts: completions assembled from chunks keep their entropies
+        raw["async"] = (
+            asynchronous  # partial rollouts: completions assembled from chunks keep their entropies
+        )
     assert execute(build_config(raw)) == EXIT_SUCCEEDED
     events = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e["type"] == "samples"]
     assert [e["step"] for e in events] == [1, 2]
