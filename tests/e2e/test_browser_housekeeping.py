@@ -213,3 +213,64 @@ def test_rename_archive_restore_and_delete_a_run(site: Site, browser: Any, viewp
     console.allowed.append("status of 400")  # the refused name's page answers 400, as it should
     no_errors(console)
     context.close()
+
+
+@pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["1440px", "390px"])
+def test_a_team_is_made_renamed_and_its_project_renamed_archived_and_restored(
+    site: Site, browser: Any, viewport: dict[str, int]
+) -> None:
+    """Team administration without Django admin: from the landing page a user makes a team (an
+    empty name is refused at the field) and is its admin, renames it, makes a project, renames
+    it, archives it (it leaves the team's list for the archived list) and restores it."""
+    size = f"{viewport['width']}px"
+    context, page, console = signed_in_page(browser, site, "e2e", viewport, "/")
+    page.click("#new-team")
+    page.wait_for_selector("#team-new-form")
+    page.click("#team-create")  # no name
+    page.wait_for_selector("#error-team-name")
+    assert "Give the team a name" in page.inner_text("#error-team-name")
+    page.fill("#team-new-form input[name=name]", f"Lab {size}")
+    page.click("#team-create")
+    page.wait_for_selector("#team-name")
+    assert page.inner_text("#team-name").startswith(f"Lab {size}")
+    assert "you are admin" in page.inner_text("#team-name")
+    team_url = page.url
+
+    page.click("#team-admin summary")
+    page.fill("#team-rename-form input[name=name]", f"Reasoning {size}")
+    page.click("#team-rename")
+    page.wait_for_function(
+        "name => (document.querySelector('#team-name')?.textContent ?? '').startsWith(name)", arg=f"Reasoning {size}"
+    )
+    _fits(page)
+    screenshot(page, "housekeeping-team", f"renamed-{size}")
+
+    page.fill("#project-create-form input[name=name]", f"Sweep {size}")
+    page.click("#project-create")
+    page.wait_for_selector("#project-name")
+    assert page.inner_text("#project-name").startswith(f"Sweep {size}")
+    project_url = page.url
+    page.click("#project-admin summary")
+    page.fill("#project-name-input", f"Sweep v2 {size}")
+    page.click("#project-rename")
+    page.wait_for_function(
+        "name => (document.querySelector('#project-name')?.textContent ?? '').startsWith(name)", arg=f"Sweep v2 {size}"
+    )
+    page.click("#project-admin summary")
+    page.click("#project-archive")
+    page.wait_for_url(team_url)
+    assert page.locator("#project-list li").count() == 0
+    page.click("#archived-projects-link")
+    page.wait_for_selector("#archived-list")
+    assert page.locator("#archived-list li", has_text=f"Sweep v2 {size}").count() == 1
+    _fits(page)
+    screenshot(page, "housekeeping-team", f"archived-{size}")
+    page.click(f"#archived-list button[aria-label='Restore Sweep v2 {size}']")
+    page.wait_for_selector("#project-name")
+    assert page.url == project_url and page.locator("#project-archived").count() == 0
+    page.goto(team_url)
+    assert page.locator("#project-list li", has_text=f"Sweep v2 {size}").count() == 1
+    assert page.locator("#archived-projects-link").count() == 0
+    console.allowed.append("status of 400")  # the refused empty name's page, as it should
+    no_errors(console)
+    context.close()
