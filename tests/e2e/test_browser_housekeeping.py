@@ -240,7 +240,8 @@ def test_a_team_is_made_renamed_and_its_project_renamed_archived_and_restored(
     page.fill("#team-rename-form input[name=name]", f"Reasoning {size}")
     page.click("#team-rename")
     page.wait_for_function(
-        "name => (document.querySelector('#team-name')?.textContent ?? '').startsWith(name)", arg=f"Reasoning {size}"
+        "name => (document.querySelector('#team-name')?.textContent ?? '').startsWith(name)",
+        arg=f"Reasoning {size}",
     )
     _fits(page)
     screenshot(page, "housekeeping-team", f"renamed-{size}")
@@ -254,7 +255,8 @@ def test_a_team_is_made_renamed_and_its_project_renamed_archived_and_restored(
     page.fill("#project-name-input", f"Sweep v2 {size}")
     page.click("#project-rename")
     page.wait_for_function(
-        "name => (document.querySelector('#project-name')?.textContent ?? '').startsWith(name)", arg=f"Sweep v2 {size}"
+        "name => (document.querySelector('#project-name')?.textContent ?? '').startsWith(name)",
+        arg=f"Sweep v2 {size}",
     )
     page.click("#project-admin summary")
     page.click("#project-archive")
