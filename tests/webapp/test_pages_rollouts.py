@@ -360,6 +360,25 @@ def test_a_completion_with_tokens_has_a_coloured_token_view(viewer_client: Clien
     assert 'data-mode="entropy"' in html
 
 
+def test_search_hits_and_a_followed_prompt_show_their_token_views(viewer_client: Client, run: Run) -> None:
+    """A completion found by a search over every step, or followed across steps, opens its token
+    view there too (not only on its step's page)."""
+    for step in (1, 2):
+        add_samples(
+            run,
+            step,
+            [("What is 2+2?", [{"completion": f"The answer is 4 ({step})", "extra": {"tokens": TOKENS}}])],
+        )
+    found = viewer_client.get(url(run), {"q": "answer is 4"}).content.decode()
+    assert "2 completions matching “answer is 4” in 2 prompt groups over 2 steps" in found
+    assert re.findall(r'data-step-link="(\d+)"', found) == ["2", "1"]  # newest step first
+    assert found.count('class="token-view"') == 2  # one per step's hit
+    follow = re.search(r'hx-get="([^"]*follow=\d+[^"]*)"', found).group(1)
+    followed = viewer_client.get(follow.replace("&amp;", "&")).content.decode()
+    assert re.findall(r'<section class="follow-step" data-step="(\d+)"', followed) == ["1", "2"]
+    assert followed.count('class="token-view"') == 2
+
+
 def test_tokens_without_entropy_say_so_and_malformed_tokens_are_not_shown(
     viewer_client: Client, run: Run
 ) -> None:
