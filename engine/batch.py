@@ -31,6 +31,9 @@ class Rollout:
     components: dict[str, float]
     group: str  # rows with the same group id were sampled from the same prompt this step
     advantage: float | None = None  # mean over the response's tokens, once computed
+    # A stored completion trained again, not generated for this group (success replay,
+    # engine/data/success_replay.py): off-policy, corrected like rollout replay's rows.
+    replayed: bool = False
 
 
 @dataclass

@@ -43,6 +43,8 @@ class CheckpointState:
     in_flight: dict[str, Any] = field(default_factory=dict)
     # The rollout replay buffer (replay.ratio > 0, engine/data/replay.py: state_dict); empty otherwise.
     replay: dict[str, Any] = field(default_factory=dict)
+    # The success replay bank (replay.successes, engine/data/success_replay.py: state_dict); empty otherwise.
+    success_replay: dict[str, Any] = field(default_factory=dict)
 
 
 def capture_rng() -> dict[str, str]:

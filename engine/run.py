@@ -23,6 +23,7 @@ from engine.checkpoint import load_state, resolve_checkpoint, restore_rng
 from engine.config import RunConfig
 from engine.contracts import EXIT_CANCELLED, EXIT_SUCCEEDED
 from engine.data import PromptSelector, load_prompts
+from engine.data.stages import StagedRewards, StagedSelector, combined_splits, load_stages
 from engine.events import EventHeartbeat, EventSink
 from engine.log_bridge import LogBridge
 from engine.models import load_model, load_tokenizer, resolve_model_path
@@ -32,6 +33,7 @@ from engine.pipeline.async_loop import AsyncOrchestrator
 from engine.pipeline.learner import Learner, needs_reference
 from engine.pipeline.orchestrator import Orchestrator
 from engine.pipeline.producer import RolloutProducer
+from engine.pipeline.stages import StageEvaluator, StageReference
 from engine.pipeline.token_view import token_texts
 from engine.rewards import RewardManager
 from engine.rollout import RolloutBackend, make_rollout_backend
@@ -196,12 +198,13 @@ def _train(
     model = load_model(path, dtype=dtype, device=device)
     tokenizer = load_tokenizer(path)
     phase(f"loading the data ({data_words(cfg.data)})")
-    splits = load_prompts(cfg.data, tokenizer, seed=cfg.trainer.seed)
+    stages = load_stages(cfg, tokenizer) if cfg.data.stages else None  # continual training: engine/data/stages.py
+    splits = combined_splits(stages) if stages else load_prompts(cfg.data, tokenizer, seed=cfg.trainer.seed)
     if splits.skipped_too_long:
         sink.log(
             "warning", f"{splits.skipped_too_long} prompts longer than data.max_prompt_length were skipped"
         )
-    sampler = PromptSelector.from_config(cfg, splits.train)
+    sampler = StagedSelector(cfg, stages) if stages else PromptSelector.from_config(cfg, splits.train)
     if cfg.rollout.backend == "vllm":
         phase(f"starting vLLM for the rollouts ({len(splits.train)} training prompts loaded)")
     elif cfg.rollout.in_own_process:
@@ -210,6 +213,8 @@ def _train(
     phase(f"preparing the {cfg.trainer.backend} trainer ({len(splits.train)} training prompts loaded)")
     trainer = make_trainer(cfg.trainer.backend, model, cfg, device=device, need_reference=needs_reference(cfg))
     learner = Learner(cfg, trainer)
+    reference = StageReference(stages, trainer) if stages and cfg.data.stage_reference == "previous_stage" else None
+    stage_eval = StageEvaluator(stages, reference) if stages else None
     start_step = 0
     if checkpoint is not None:
         phase(f"restoring the checkpoint of step {state.step}")
@@ -217,6 +222,10 @@ def _train(
         trainer.load_state(state.trainer)
         sampler.load_state_dict(state.sampler)
         restore_rng(state.rng)
+        if stage_eval is not None:
+            stage_eval.load_state_dict(state.extra.get("stages", {}))
+        if reference is not None:
+            reference.restore(checkpoint, state.step)
         if learner.kl_ctrl is not None and "kl_coef" in state.extra:
             learner.kl_ctrl.value = state.extra["kl_coef"]
         backend.update_weights(trainer.rollout_weights(), trainer.policy_version)
@@ -227,10 +236,12 @@ def _train(
         extra: dict[str, Any] = {"run_id": sink.run_id}
         if learner.kl_ctrl is not None:
             extra["kl_coef"] = float(learner.kl_ctrl.value)
+        if stage_eval is not None:
+            extra["stages"] = stage_eval.state_dict()
         return extra
 
     progress = Progress(cfg.trainer.total_steps, start_step) if show_progress else None
-    with RewardManager.from_config(cfg.reward) as rewards:
+    with StagedRewards(cfg, stages) if stages else RewardManager.from_config(cfg.reward) as rewards:
         producer = RolloutProducer(
             cfg,
             sampler=sampler,
@@ -251,10 +262,12 @@ def _train(
             checkpoint_extra=checkpoint_extra,
             progress=progress,
             token_texts=token_texts(tokenizer),
+            stages=stage_eval,
         )
         if state is not None:
             orchestrator.restore_in_flight(state.in_flight, splits.train)
             orchestrator.restore_replay(state.replay, splits.train)
+            orchestrator.restore_successes(state.success_replay, splits.train)
         # Only words that stay true while it trains: the step is the metrics' to tell.
         sink.status(
             "running",

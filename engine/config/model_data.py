@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from engine.config.section import Section
+from engine.config.stages import StageConfig, check_stage_list
 
 
 class ModelConfig(Section):
@@ -141,6 +142,22 @@ class DataConfig(Section):
         "measured per prompt and estimated from similar prompts for those never sampled.",
     )
     selection_options: SelectionOptions = Field(default_factory=SelectionOptions, title="Selection options")
+    stages: list[StageConfig] = Field(
+        default_factory=list,
+        title="Stages (continual training)",
+        description="An ordered list of stages trained one after another in this run (empty: one stage, the "
+        "fields above). Each sets the data fields it changes (task, difficulty, source, path, ...) and its steps; "
+        "the steps add up to trainer.total_steps. Every eval point evaluates every stage seen so far "
+        "(eval/<stage>/accuracy, forgetting/<stage>); see engine/config/stages.py.",
+    )
+    stage_reference: Literal["initial", "previous_stage"] = Field(
+        "initial",
+        title="KL reference across stages",
+        description="With data.stages and a KL term (algorithm.use_kl_loss or use_kl_in_reward): 'initial' keeps "
+        "the starting model as the reference; 'previous_stage' replaces it at each stage's first step by the "
+        "policy as the previous stage left it, so the KL term holds the policy near what it had learnt (a "
+        "guard against forgetting; torch trainer only).",
+    )
 
     @model_validator(mode="after")
     def _selection_weights(self) -> DataConfig:
@@ -150,6 +167,12 @@ class DataConfig(Section):
                 "data.selection_options: alpha and beta are both 0, which gives every prompt the same weight "
                 "under data.selection 'pace'; raise one of them, or use data.selection 'uniform'"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _stages(self) -> DataConfig:
+        if self.stages:
+            check_stage_list(self.stages, self)
         return self
 
     @model_validator(mode="after")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from engine.config.section import Section
 
@@ -33,6 +33,30 @@ class RolloutConfig(Section):
     )
     n: int = Field(
         8, ge=1, le=1024, title="Group size", description="Completions sampled per prompt (G in GRPO)."
+    )
+    n_schedule: Literal["fixed", "frontier"] = Field(
+        "fixed",
+        title="Group size schedule",
+        description="'fixed': every prompt gets rollout.n completions. 'frontier': each step's completions "
+        "(prompts x rollout.n, the same budget) are re-allocated by the prompts' estimated pass rate p: "
+        "more for prompts at the frontier, fewer for solved or hopeless ones (n proportional to "
+        "sqrt(p (1 - p)), between n_min and n_max; prompts never measured keep rollout.n). DARS, "
+        "arXiv:2508.13755; engine/data/allocation.py.",
+    )
+    n_min: int = Field(
+        2,
+        ge=2,
+        le=1024,
+        title="Smallest group (frontier)",
+        description="n_schedule 'frontier': the fewest completions a prompt gets (at least 2, so its group "
+        "advantages stay defined). At most rollout.n.",
+    )
+    n_max: int = Field(
+        16,
+        ge=2,
+        le=1024,
+        title="Largest group (frontier)",
+        description="n_schedule 'frontier': the most completions a prompt gets. At least rollout.n.",
     )
     temperature: float = Field(1.0, ge=0.0, le=10.0, title="Temperature", description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, title="Top-p", description="Nucleus sampling mass (1 = off).")
@@ -80,6 +104,20 @@ class RolloutConfig(Section):
         title="vLLM max sequence length",
         description="vLLM only: prompt + response tokens per sequence (0 = the model's context length).",
     )
+
+    @model_validator(mode="after")
+    def _group_sizes(self) -> RolloutConfig:
+        if self.n_schedule == "frontier":
+            if self.n < self.n_min:
+                raise ValueError(
+                    f"rollout.n_min: {self.n_min} is above rollout.n {self.n} (the mean group size the "
+                    "step's budget is made of); lower n_min or raise n"
+                )
+            if self.n > self.n_max:
+                raise ValueError(
+                    f"rollout.n_max: {self.n_max} is below rollout.n {self.n}; raise n_max or lower n"
+                )
+        return self
 
     @property
     def in_own_process(self) -> bool:

@@ -13,6 +13,7 @@ from engine.config.replay import ReplayConfig
 from engine.config.reward import RewardConfig
 from engine.config.rollout import RolloutConfig
 from engine.config.section import Section
+from engine.config.stages import check_stages
 from engine.config.training import CheckpointConfig, LoggingConfig, OptimizerConfig, TrainerConfig
 
 
@@ -64,6 +65,7 @@ class RunConfig(Section):
             )
         if self.replay.enabled:
             self._check_replay()
+        check_stages(self)  # data.stages, replay.previous_stages (engine/config/stages.py)
         return self
 
     def _check_replay(self) -> None:

@@ -42,6 +42,7 @@ import torch
 
 from engine.batch import Rollout, RolloutBatch, collate
 from engine.data import Prompt
+from engine.data.success_replay import SuccessBank
 from engine.pipeline.orchestrator import Orchestrator, RunOutcome
 from engine.pipeline.partial import PartialGroup, PartialRolloutProducer, pool_state
 from engine.pipeline.producer import ProducedBatch
@@ -110,7 +111,10 @@ def drop_stale(batch: RolloutBatch | None, trainer_version: int, k: int) -> tupl
     if batch is None:
         return None, 0
     oldest_allowed = trainer_version - k
-    stale = {r.group for r in batch.rows if r.completion.policy_version < oldest_allowed}
+    # A success replay row is old by design (replay.success_max_age bounds it), not stale.
+    stale = {
+        r.group for r in batch.rows if not r.replayed and r.completion.policy_version < oldest_allowed
+    }
     if not stale:
         return batch, 0
     keep = [i for i, r in enumerate(batch.rows) if r.group not in stale]
@@ -124,6 +128,7 @@ class _Position:
 
     sampler: dict[str, Any]
     pool: list[PartialGroup] | None
+    successes: SuccessBank | None = None  # the success replay bank (replay.successes)
 
 
 @dataclass
@@ -287,7 +292,10 @@ class AsyncOrchestrator(Orchestrator):
         """Staleness of every sample of the batch: trainer version - the version that generated it."""
         if produced.batch is None:
             return {}
-        lags = [self.trainer.policy_version - r.completion.policy_version for r in produced.batch.rows]
+        version = self.trainer.policy_version
+        lags = [version - r.completion.policy_version for r in produced.batch.rows if not r.replayed]
+        if not lags:
+            return {}
         out = {
             "async/staleness_mean": sum(lags) / len(lags),
             "async/staleness_max": float(max(lags)),
@@ -307,8 +315,11 @@ class AsyncOrchestrator(Orchestrator):
 
     def _position(self) -> _Position:
         """Where the data and the pool of partial rollouts stand now (a copy later rounds leave alone)."""
+        bank = self.producer.successes
         return _Position(
-            self.producer.sampler.state_dict(), None if self._partial is None else self._partial.snapshot()
+            self.producer.sampler.state_dict(),
+            None if self._partial is None else self._partial.snapshot(),
+            None if bank is None else bank.copy(),
         )
 
     def _position_before(self, step: int) -> _Position:
@@ -320,6 +331,10 @@ class AsyncOrchestrator(Orchestrator):
 
     def _sampler_state(self, step: int) -> dict[str, Any]:
         return self._position_before(step + 1).sampler
+
+    def _success_state(self, step: int) -> dict[str, Any]:
+        bank = self._position_before(step + 1).successes
+        return {} if bank is None else bank.state_dict()
 
     def _in_flight_state(self, step: int) -> dict[str, Any]:
         pool = self._position_before(step + 1).pool
@@ -345,10 +360,10 @@ class AsyncOrchestrator(Orchestrator):
         assert self._gate is not None, "the producer runs only inside run()"
         return self._gate.version_bound(step)
 
-    def _eval(self) -> dict[str, float]:
+    def _eval(self, step: int = 0) -> dict[str, float]:
         with self._backend_lock:
             self._load_newest_weights()
-            return super()._eval()
+            return super()._eval(step)
 
     def train_step(self, step: int) -> dict[str, float]:
         self._train_started = time.perf_counter()

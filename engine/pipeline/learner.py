@@ -46,11 +46,13 @@ class Learner:
         With one epoch and one mini-batch, strictly on-policy, the policy being updated *is*
         the old policy, so the actor uses its own detached log-probs (ratio exactly 1; verl
         and TRL skip the pass too). KL in the reward needs them before the update, so it
-        keeps the pass, and so does rollout replay: its replayed rows need the proximal policy.
+        keeps the pass, and so does rollout replay (and success replay): its replayed rows need the
+        proximal policy.
         """
         t = self.cfg.trainer
         single_update = t.ppo_epochs == 1 and (t.ppo_mini_batch_size or t.prompts_per_step) == t.prompts_per_step
-        on_policy = self.cfg.async_.max_staleness == 0 and not self.cfg.replay.enabled
+        r = self.cfg.replay
+        on_policy = self.cfg.async_.max_staleness == 0 and not (r.enabled or r.successes)
         return not (single_update and on_policy and not self.cfg.algorithm.use_kl_in_reward)
 
 

@@ -68,6 +68,8 @@ def sample_items(
             "answer": r.prompt.answer,
             "policy_version": r.completion.policy_version,
         }
+        if r.replayed:  # a stored success that joined this group (success replay), not generated for it
+            extra["replayed"] = "success"
         if token_texts is not None and i < token_samples and token_bytes < TOKEN_BYTES_PER_STEP:
             c = r.completion
             ids = c.token_ids[:tokens_per_sample]

@@ -272,12 +272,20 @@ class PartialRolloutProducer:
         ``async.max_staleness``) could not be trained without breaking the bound, so its generation
         starts over (its prompt is kept, its tokens are not). A completion longer than a lowered
         ``rollout.max_new_tokens`` is cut to it and finished as ``length``. A changed
-        ``rollout.n`` cannot be continued."""
+        ``rollout.n`` (or, with ``rollout.n_schedule: frontier``, a group size outside
+        [n_min, n_max]) cannot be continued."""
         groups = groups_from_state(state, prompts)
         limit = self.cfg.rollout.max_new_tokens
         restarted = 0
+        r = self.cfg.rollout
         for g in groups:
-            if len(g.completions) != self.cfg.rollout.n:
+            if r.n_schedule == "frontier" and not r.n_min <= len(g.completions) <= r.n_max:
+                raise ValueError(
+                    f"the checkpoint's partial rollouts in flight have a group of {len(g.completions)} "
+                    f"completions, outside rollout.n_min {r.n_min} .. n_max {r.n_max}; resume with the same "
+                    "group sizes"
+                )
+            if r.n_schedule == "fixed" and len(g.completions) != self.cfg.rollout.n:
                 raise ValueError(
                     f"the checkpoint's partial rollouts in flight have {len(g.completions)} completions per prompt "
                     f"but rollout.n is {self.cfg.rollout.n}; resume with the same rollout.n"
@@ -297,8 +305,9 @@ class PartialRolloutProducer:
 
     def _top_up(self, step: int) -> int:
         missing = max(0, self.pool_size - len(self.in_flight))
-        for prompt in self.sampler.next_batch(missing) if missing else []:
-            group = PartialGroup(prompt, [PartialCompletion() for _ in range(self.cfg.rollout.n)], step)
+        prompts = self.sampler.next_batch(missing) if missing else []
+        for prompt, size in zip(prompts, self.producer.group_sizes(prompts), strict=True):
+            group = PartialGroup(prompt, [PartialCompletion() for _ in range(size)], step)
             self.in_flight.append(group)
         return missing
 
@@ -413,8 +422,7 @@ class PartialRolloutProducer:
                 t0 = time.perf_counter()
                 rows, result = self._rollouts(ready, step)
                 tally.reward_s += time.perf_counter() - t0
-                tally.add_scored(rows, result)
-                self.producer.observe(rows, tally.accuracy_component, step)
+                self.producer.admit(tally, rows, result, step)
                 continue
             unfinished = [g for g in self.in_flight if not g.finished]
             if len(tally.kept) + pending < want and unfinished:
@@ -446,5 +454,5 @@ class PartialRolloutProducer:
                     / max(1, len(trained))
                 ),
             }
-            | self.producer.selection_metrics(),
+            | self.producer.step_metrics(),
         )

@@ -8,25 +8,38 @@ section 3.2) drops groups whose rewards are all equal (they carry no GRPO gradie
 samples again until the batch is full or ``max_num_gen_batches`` rounds are spent. Every scored
 group, kept or filtered, is recorded in the prompt statistics of a :class:`PromptSelector`
 (``data.selection``), whose ``selection/*`` metrics join the step's.
+
+Two controls of issue 16 sit here too. ``rollout.n_schedule: frontier`` gives each prompt of a
+round its own group size from its statistics (engine/data/allocation.py); the round is then
+generated as one call with every prompt repeated its group size times (``n = 1``), and a group is
+the rows with one ``Rollout.group`` id, whatever their number. ``replay.successes`` lets a stored
+success join a group whose completions all failed, before the filter (engine/data/success_replay.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from engine.batch import Rollout, RolloutBatch, collate, rollouts_from_groups
 from engine.config import RunConfig
 from engine.data import Prompt, PromptSampler, PromptSelector
+from engine.data.allocation import Allocation, allocate, expand, merge_metrics
 from engine.data.prompt_stats import success_values
 from engine.rewards import RewardInput, RewardManager, RewardResult
 from engine.rollout import PromptCompletions, RolloutBackend, SamplingParams
 from engine.system_metrics import PHASE
+
+if TYPE_CHECKING:
+    from engine.data.success_replay import SuccessBank
 
 CORRECTNESS = re.compile(r"(task|math|exact_match)(_\d+)?")
 """Reward components that mean "the answer is right" (a repeated name gets ``_2``, ...):
@@ -38,12 +51,33 @@ def correctness_component(components: dict[str, list[float]]) -> str | None:
     return next((name for name in components if CORRECTNESS.fullmatch(name)), None)
 
 
+def groups_of(rows: Sequence[Rollout]) -> list[list[Rollout]]:
+    """``rows`` cut into their groups (one ``Rollout.group`` id each), in order of first appearance:
+    a group may hold any number of rows (``rollout.n_schedule``, an injected success)."""
+    groups: dict[str, list[Rollout]] = {}
+    for row in rows:
+        groups.setdefault(row.group, []).append(row)
+    return list(groups.values())
+
+
 @dataclass
 class ProducedBatch:
     batch: RolloutBatch | None  # None when every group was filtered out
     metrics: dict[str, float] = field(default_factory=dict)
     generated: list[Rollout] = field(default_factory=list)  # all rollouts, kept or not
     accuracy_component: str | None = None
+    injected: list[Rollout] = field(default_factory=list)  # stored successes that joined a group
+
+    @property
+    def shown(self) -> list[Rollout]:
+        """The generated rows with each injected success right after its group's rows (the samples
+        event shows them, ``extra.replayed`` marking the injected one)."""
+        if not self.injected:
+            return self.generated
+        joined = {}
+        for row in self.injected:
+            joined.setdefault(row.group, []).append(row)
+        return [r for g in groups_of(self.generated) for r in g + joined.get(g[0].group, [])]
 
 
 def replayed_groups(cfg: RunConfig, step: int) -> int:
@@ -79,15 +113,18 @@ class RolloutProducer:
         self.rewards = rewards
         self.pad_id = pad_id
         self.decode = decode  # token ids -> text, for completions assembled from parts (partial rollouts)
+        # Imported here: the bank's checkpoint helpers are the pipeline's (engine/pipeline/partial.py).
+        from engine.data.success_replay import SuccessBank
+
+        self.successes: SuccessBank | None = SuccessBank.from_config(cfg)
+        self._allocations: list[Allocation] = []
 
     def observe(self, rows: list[Rollout], accuracy_component: str | None, step: int) -> None:
-        """Record each scored group of ``rows`` (whole groups of ``rollout.n``, in order) in the prompt
-        statistics: success = the accuracy component when the reward has one, else the reward, in [0, 1]."""
+        """Record each scored group of ``rows`` (whole groups, in order) in the prompt statistics:
+        success = the accuracy component when the reward has one, else the reward, in [0, 1]."""
         if not isinstance(self.sampler, PromptSelector):
             return
-        n = self.cfg.rollout.n
-        for start in range(0, len(rows), n):
-            group = rows[start : start + n]
+        for group in groups_of([r for r in rows if not r.replayed]):
             scores = (
                 [r.components[accuracy_component] for r in group]
                 if accuracy_component
@@ -98,6 +135,43 @@ class RolloutProducer:
     def selection_metrics(self) -> dict[str, float]:
         """The step's ``selection/*`` metrics (none from a plain sampler)."""
         return self.sampler.metrics() if isinstance(self.sampler, PromptSelector) else {}
+
+    def step_metrics(self) -> dict[str, float]:
+        """The step's ``selection/*``, ``rollout/n_*`` (frontier schedule) and ``replay/success_*``
+        metrics since the last call; resets them."""
+        out = self.selection_metrics()
+        out.update(merge_metrics(self._allocations))
+        self._allocations = []
+        if self.successes is not None:
+            out.update(self.successes.metrics())
+        return out
+
+    def group_sizes(self, prompts: Sequence[Prompt]) -> list[int]:
+        """Completions for each of a round's ``prompts``: ``rollout.n`` each, or the frontier allocation
+        of the same total from the prompts' own statistics (``rollout.n_schedule``; allocation.py)."""
+        r = self.cfg.rollout
+        if r.n_schedule == "fixed" or not isinstance(self.sampler, PromptSelector):
+            return [r.n] * len(prompts)
+        records = [self.sampler.stats.get(p.uid) for p in prompts]
+        allocation = allocate(
+            [rec.mean if rec is not None else 0.5 for rec in records],
+            [rec is not None for rec in records],
+            n=r.n,
+            n_min=r.n_min,
+            n_max=r.n_max,
+        )
+        self._allocations.append(allocation)
+        return allocation.sizes
+
+    def admit(self, tally: StepTally, rows: list[Rollout], result: RewardResult, step: int) -> None:
+        """Scored ``rows`` into the step's ``tally``: a stored success joins each group that has none
+        (``replay.successes``), the filter keeps or drops the groups, the statistics record them."""
+        injected: list[Rollout] = []
+        if self.successes is not None:
+            accuracy = correctness_component(result.components)
+            injected = self.successes.process(groups_of(rows), accuracy, self.backend.policy_version)
+        tally.add_scored(rows, result, injected)
+        self.observe(rows, tally.accuracy_component, step)
 
     def sampling_params(
         self, *, n: int, temperature: float | None = None, seed: int | None = None, token_view: bool = True
@@ -119,13 +193,30 @@ class RolloutProducer:
             entropy_top_k=log.token_entropy_top_k if shown else 0,
         )
 
+    def generate(
+        self, prompts: list[Prompt], params: SamplingParams, sizes: Sequence[int] | None = None
+    ) -> list[PromptCompletions]:
+        """``sizes[i]`` completions of prompt i (``params.n`` each without ``sizes``). Unequal sizes are
+        one backend call with each prompt repeated its size times at n = 1: every backend seeds each
+        sequence by its position, so the copies sample independently, and a call stays one batch."""
+        if sizes is None or len(set(sizes)) <= 1:
+            n = sizes[0] if sizes else params.n
+            return self.backend.generate([p.token_ids for p in prompts], dataclasses.replace(params, n=n))
+        owners = expand(len(prompts), sizes)
+        outs = self.backend.generate([prompts[i].token_ids for i in owners], dataclasses.replace(params, n=1))
+        groups = [PromptCompletions(list(p.token_ids)) for p in prompts]
+        for i, out in zip(owners, outs, strict=True):
+            groups[i].completions.extend(out.completions)
+        return groups
+
     def generate_and_score(
-        self, prompts: list[Prompt], params: SamplingParams, step: int
+        self, prompts: list[Prompt], params: SamplingParams, step: int, sizes: Sequence[int] | None = None
     ) -> tuple[list[Rollout], RewardResult, float, float]:
-        """Rollouts for ``prompts`` with their rewards, and (gen seconds, reward seconds)."""
+        """Rollouts for ``prompts`` (``sizes``: completions of each) with their rewards, and (gen
+        seconds, reward seconds)."""
         t0 = time.perf_counter()
         with PHASE("generate"):
-            groups = self.backend.generate([p.token_ids for p in prompts], params)
+            groups = self.generate(prompts, params, sizes)
         t1 = time.perf_counter()
         with PHASE("score"):
             rows, result = self.score(prompts, groups, params.max_new_tokens, step)
@@ -161,27 +252,31 @@ class RolloutProducer:
         want = fresh_groups(cfg, step)
         fg = cfg.algorithm.filter_groups
         tally = StepTally(cfg, want=want)
+        if hasattr(self.sampler, "begin_step"):  # data.stages: the step's stage draws (engine/data/stages.py)
+            self.sampler.begin_step(step)
         for round_ in range(fg.max_num_gen_batches if fg.enable else 1):
             tally.rounds += 1
             prompts = self.sampler.next_batch(want)
+            sizes = self.group_sizes(prompts)
             seed = seed_for(cfg.trainer.seed, step, round_)
             size = max(1, math.ceil(len(prompts) / slices) if on_slice is not None else len(prompts))
             for part, start in enumerate(range(0, len(prompts), size)):
                 params = self.sampling_params(n=cfg.rollout.n, seed=seed + part)
-                rows, result, g_s, r_s = self.generate_and_score(prompts[start : start + size], params, step)
+                rows, result, g_s, r_s = self.generate_and_score(
+                    prompts[start : start + size], params, step, sizes[start : start + size]
+                )
                 tally.gen_s += g_s
                 tally.reward_s += r_s
                 tally.gen_tokens += sum(len(r.completion.token_ids) for r in rows)
                 before = len(tally.kept)
-                tally.add_scored(rows, result)
-                self.observe(rows, tally.accuracy_component, step)
+                self.admit(tally, rows, result, step)
                 if on_slice is not None and before < want:
                     on_slice(tally.kept[before:want])
                 if len(tally.kept) >= want:
                     break
             if len(tally.kept) >= want:
                 break
-        return tally.produced(self.pad_id, self.selection_metrics())
+        return tally.produced(self.pad_id, self.step_metrics())
 
 
 def collate_trainable(cfg: RunConfig, rows: list[Rollout], pad_id: int, policy_version: int) -> RolloutBatch:
@@ -191,6 +286,8 @@ def collate_trainable(cfg: RunConfig, rows: list[Rollout], pad_id: int, policy_v
     if cfg.algorithm.overlong_filter:
         truncated = [i for i, r in enumerate(rows) if r.completion.finish_reason == "length"]
         batch.response_mask[truncated] = 0.0
+    if any(r.replayed for r in rows):  # success replay's rows: the learner corrects them (off-policy)
+        batch.extra["replayed"] = torch.tensor([r.replayed for r in rows])
     return batch
 
 
@@ -206,6 +303,7 @@ class StepTally:
     cfg: RunConfig
     kept: list[list[Rollout]] = field(default_factory=list)
     generated: list[Rollout] = field(default_factory=list)  # every scored rollout, kept or not
+    injected: list[Rollout] = field(default_factory=list)  # stored successes that joined a group
     results: list[RewardResult] = field(default_factory=list)
     accuracy_component: str | None = None
     gen_s: float = 0.0
@@ -224,25 +322,28 @@ class StepTally:
     def batch_groups(self) -> list[list[Rollout]]:
         return self.kept if self.take_all else self.kept[: self.want or self.cfg.trainer.prompts_per_step]
 
-    def add_scored(self, rows: list[Rollout], result: RewardResult) -> None:
-        """Scored rollouts, whole groups of ``rollout.n`` in order: keep the groups that pass the filter."""
-        n = self.cfg.rollout.n
+    def add_scored(
+        self, rows: list[Rollout], result: RewardResult, injected: Sequence[Rollout] = ()
+    ) -> None:
+        """Scored rollouts, whole groups in order, and the stored successes ``injected`` into some of them
+        (each after its group's rows): keep the groups that pass the filter. ``frac_reward_zero_std``
+        counts the generated groups; the filter judges a group with its injected success."""
         fg = self.cfg.algorithm.filter_groups
         self.results.append(result)
         self.generated.extend(rows)
+        self.injected.extend(injected)
         self.accuracy_component = correctness_component(result.components)
         acc = self.accuracy_component
-        for start in range(0, len(rows), n):
-            group = rows[start : start + n]
-            values = (
-                [r.components[acc] for r in group]
-                if fg.metric == "acc" and acc
-                else [r.reward for r in group]
-            )
+
+        def all_equal(group: list[Rollout]) -> bool:
+            by_acc = fg.metric == "acc" and acc
+            values = [r.components[acc] if by_acc else r.reward for r in group]
+            return len(group) > 1 and float(np.std(values)) == 0.0
+
+        for group in groups_of(list(rows) + list(injected)):
             self.total_groups += 1
-            all_equal = len(group) > 1 and float(np.std(values)) == 0.0
-            self.zero_std_groups += all_equal
-            if not (fg.enable and all_equal):
+            self.zero_std_groups += all_equal([r for r in group if not r.replayed])
+            if not (fg.enable and all_equal(group)):
                 self.kept.append(group)
 
     def metrics(self) -> dict[str, float]:
@@ -269,7 +370,8 @@ class StepTally:
         metrics = self.metrics() | (extra_metrics or {})
         rows = [r for g in self.batch_groups for r in g]
         if not rows:
-            return ProducedBatch(None, metrics, self.generated, self.accuracy_component)
-        batch = collate_trainable(self.cfg, rows, pad_id, min(r.completion.policy_version for r in rows))
+            return ProducedBatch(None, metrics, self.generated, self.accuracy_component, self.injected)
+        version = min((r.completion.policy_version for r in rows if not r.replayed), default=0)
+        batch = collate_trainable(self.cfg, rows, pad_id, version)
         batch.extra["reward_messages"] = [m for r in self.results for m in r.error_messages]
-        return ProducedBatch(batch, metrics, self.generated, self.accuracy_component)
+        return ProducedBatch(batch, metrics, self.generated, self.accuracy_component, self.injected)

@@ -9,6 +9,7 @@ import yaml
 from django.urls import reverse
 
 from webapp.live.routing import run_socket_path
+from webapp.pages.runs.stage_plan import stage_plan
 from webapp.runs.choices import RunStatus
 
 
@@ -57,6 +58,7 @@ def page_data(detail: dict[str, Any], metric_names: list[str], token: str = "") 
             "points_attempt": points_attempt(detail),
         },
         "metric_names": metric_names,
+        "stages": stage_plan(detail["config"]),  # data.stages: chart marks and the heatmap (stages.js)
         "api": api_base(run_id, token),
         "socket": run_socket_path(run_id),
         "share": token,

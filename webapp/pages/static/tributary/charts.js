@@ -10,6 +10,7 @@ import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { formatDuration, formatNumber, formatTick } from "./format.js";
 import { groupStats } from "./groups.js";
 import { SeriesStore, chartData, sparse, supersededView, xRange } from "./series.js";
+import { drawStageMarks } from "./stages.js";
 
 // Twelve colours told apart on white (compare shows up to 12 runs, one colour each): distinct
 // hues first, then dark and light ones.
@@ -101,6 +102,7 @@ export class ChartGrid {
     this.opts = { smoothing: 0.6, x: "step", log: false, superseded: false };
     this.store = new SeriesStore();
     this.alerts = []; // health alerts marked on the panels of their metric: {step, metric, rule}
+    this.stages = []; // stage boundaries (data.stages, stages.js) marked on every panel: {step, name}
     this.panels = new Map(); // id -> panel state
     this.hiddenRuns = new Set();
     this.shown = []; // compare: the metrics that have a panel, in page order
@@ -533,7 +535,7 @@ export class ChartGrid {
       legend: { live: true },
       hooks: {
         drawAxes: [(u) => this.drawUnder(panel, u)],
-        draw: [(u) => this.drawAlerts(panel, u)],
+        draw: [(u) => this.drawAlerts(panel, u), (u) => this.drawStages(u)],
         setSelect: [(u) => { if (u.select.width > 0) panel.zoomed = true; }],
         // The x range on the panel element too (the axes are canvas): tests and tools read it.
         setScale: [(u, key) => { if (key === "x") panel.el.dataset.xRange = `${u.scales.x.min},${u.scales.x.max}`; }],
@@ -546,6 +548,23 @@ export class ChartGrid {
   markAlerts(list) {
     for (const a of list || []) this.alerts.push({ step: a.step, metric: a.metric || "", rule: a.rule });
     for (const panel of this.panels.values()) if (panel.plot) panel.plot.redraw(false);
+  }
+
+  // Stage boundaries (stages.js draws them): on every panel, on the step axis only.
+  markStages(list) {
+    this.stages = (list || []).map((m) => ({ step: m.step, name: m.name }));
+    for (const panel of this.panels.values()) if (panel.plot) panel.plot.redraw(false);
+  }
+
+  // Every stage mark as {panel, step, name}: for the browser tests (the marks are canvas).
+  stageMarks() {
+    const out = [];
+    for (const [id, panel] of this.panels) if (panel.plot) for (const m of this.stages) out.push({ panel: id, step: m.step, name: m.name });
+    return out;
+  }
+
+  drawStages(u) {
+    if (this.stages.length && this.opts.x === "step") drawStageMarks(u, this.stages);
   }
 
   alertsOn(panel) {

@@ -8,6 +8,7 @@ import { contracts } from "./contracts.js";
 import { MISSING, formatBytes, formatDuration } from "./format.js";
 import { setupLogs } from "./logs.js";
 import { LiveSocket } from "./socket.js";
+import { setupStages } from "./stages.js";
 import { timeElement } from "./times.js";
 
 const $ = (id) => document.getElementById(id);
@@ -227,6 +228,7 @@ async function start() {
   grid.markAlerts(data.alerts || []); // the alerts stored before the page loaded (listed by the server)
   const alerts = setupAlerts({ titles: data.alert_titles || {}, mark: (fresh) => grid.markAlerts(fresh) });
   const addCheckpoint = setupCheckpoints();
+  const stages = setupStages(data, grid, $("charts")); // data.stages: marks and the accuracy heatmap
   const offerSuperseded = setupSuperseded(data, grid);
   // A resume from an earlier step, heard live: the first point of a later attempt supersedes
   // the points at its step and after (as the web app does to the stored ones).
@@ -235,6 +237,7 @@ async function start() {
     const at = attempts.rewindAt(e);
     if (at === null) return;
     grid.rewind(0, at);
+    stages.rewind(at);
     show.rewound(at);
     offerSuperseded();
   };
@@ -269,6 +272,7 @@ async function start() {
   }
   grid.loaded = true;
   grid.schedule();
+  stages.loadStore(grid.store);
   document.body.dataset.historyLoaded = "true";
 
   let hellos = 0;
@@ -296,7 +300,7 @@ async function start() {
         if (m.finished_at) data.run.finished_at = m.finished_at;
         if (m.worker_host) $("run-worker").textContent = m.worker_host;
       },
-      metrics: (e) => { applyRewind(e); grid.addPoints(0, e.step, e.time, e.values || {}); show.step(e.step); },
+      metrics: (e) => { applyRewind(e); grid.addPoints(0, e.step, e.time, e.values || {}); stages.add(e.step, e.values); show.step(e.step); },
       samples: applyRewind,
       status: (m) => {
         // A status message {status, message, ...}: the run changed (a cancel request included).
