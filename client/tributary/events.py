@@ -171,6 +171,9 @@ class EventSink:
         # Called with (level, source, message) for every ``log`` (engine.log_bridge mirrors
         # them into the engine's stderr, so the run's full log holds them too).
         self.on_log: Callable[[str, str, str], None] | None = None
+        # Called after every line is flushed: a shipper in this process (``EventShipper.wake``)
+        # ships it at once instead of finding it at its next poll.
+        self.on_write: Callable[[], None] | None = None
 
     def hold(self) -> threading.RLock:
         """Hold the sink (``with sink.hold():``) so no other thread takes a seq meanwhile: a
@@ -186,6 +189,8 @@ class EventSink:
                 self._fh.flush()
                 if durable and self._own:
                     os.fsync(self._fh.fileno())
+                if self.on_write is not None:
+                    self.on_write()
             return self.seq
 
     # One method per event type, so call sites read as the protocol table.

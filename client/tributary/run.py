@@ -86,8 +86,8 @@ DEFAULT_ROOT = "tributary-runs"
 DRAIN_ENV = "TRIBUTARY_DRAIN_S"
 DEFAULT_DRAIN_S = 30.0
 WRITER_GRACE_S = 10.0
-# The worker's shipper, tuned for a script: a live chart a quarter of a second behind is live
-# enough, and polling the log 4 times a second (not 20) batches a few events per round trip.
+# The worker's shipper, tuned for a script: the writer thread wakes it after each write, so the
+# poll (4 times a second) only bounds how late a ``cancel`` from the web app is read.
 SHIPPER_DEFAULTS = {"poll_interval": 0.25, "backoff_cap": 30.0}
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -542,6 +542,9 @@ class Run:
                 with self._cond:
                     self.written_seq = batch[-1][0]
                     self._written.notify_all()
+                shipper = self._shipper
+                if shipper is not None:
+                    shipper.wake()  # ships the batch now, not at the shipper's next poll
         except Exception as exc:
             self._fault("writer", exc)
         finally:
@@ -602,7 +605,8 @@ class Run:
                     self.events_path,
                     on_hello=self._on_hello,
                     on_cancel=self._on_cancel,
-                    **{**SHIPPER_DEFAULTS, **self._shipper_options},
+                    # woken: the writer thread calls shipper.wake() after each write
+                    **{**SHIPPER_DEFAULTS, "woken": True, **self._shipper_options},
                 )
                 self._shipper = shipper
                 shipper.start()

@@ -137,7 +137,9 @@ def test_lines_torn_by_a_crash_are_skipped(fake_ingest, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("code", sorted(FATAL_CLOSE_CODES))
-def test_a_fatal_close_code_stops_the_shipper_with_a_clear_error(fake_ingest, tmp_path: Path, code: int) -> None:
+def test_a_fatal_close_code_stops_the_shipper_with_a_clear_error(
+    fake_ingest, tmp_path: Path, code: int
+) -> None:
     fake = fake_ingest(RUN)
     fake.refuse_with = code
     path = tmp_path / "events.jsonl"
@@ -174,7 +176,11 @@ def test_renewed_tokens_are_used_to_reconnect(fake_ingest, tmp_path: Path) -> No
     assert_exactly_once(fake, path)
 
 
-def test_cancel_reaches_the_callback_and_pings_flow_while_idle(fake_ingest, tmp_path: Path) -> None:
+@pytest.mark.parametrize("woken", [False, True])
+def test_cancel_reaches_the_callback_and_pings_flow_while_idle(
+    fake_ingest, tmp_path: Path, woken: bool
+) -> None:
+    # Woken, the idle shipper waits on wake(), not the socket: messages are read after each wait.
     fake = fake_ingest(RUN)
     fake.cancel_when = lambda f: f.last_seq >= 3
     path = tmp_path / "events.jsonl"
@@ -186,7 +192,7 @@ def test_cancel_reaches_the_callback_and_pings_flow_while_idle(fake_ingest, tmp_
         cancels.append(message)
         got.set()
 
-    shipper = shipper_for(fake, path, on_cancel=on_cancel, ping_interval=0.05).start()
+    shipper = shipper_for(fake, path, on_cancel=on_cancel, ping_interval=0.05, woken=woken).start()
     assert got.wait(30)
     assert cancels == ["cancelled by the test"]
     fake.wait_for(lambda f: f.conns[0].pings >= 3)
@@ -201,7 +207,13 @@ def test_backoff_grows_to_its_cap_and_starts_over_after_a_hello(tmp_path: Path) 
     path = tmp_path / "events.jsonl"
     write_events(path, RUN, 3)
     shipper = EventShipper(
-        f"http://127.0.0.1:{port}", RUN, "tok-0", path, backoff_base=0.01, backoff_cap=0.16, poll_interval=0.05
+        f"http://127.0.0.1:{port}",
+        RUN,
+        "tok-0",
+        path,
+        backoff_base=0.01,
+        backoff_cap=0.16,
+        poll_interval=0.05,
     ).start()
     fake = FakeIngest(RUN)
     fake.port = port
@@ -274,7 +286,10 @@ def test_a_line_nested_too_deeply_keeps_its_seq_through_a_stand_in(fake_ingest, 
     path = tmp_path / "events.jsonl"
     write_events(path, RUN, 3)
     with path.open("a") as fh:
-        fh.write('{"run":%d,"seq":4,"type":"log","level":"info","message":%s}\n' % (RUN, "[" * 100_000 + "]" * 100_000))  # noqa: UP031
+        fh.write(
+            '{"run":%d,"seq":4,"type":"log","level":"info","message":%s}\n'  # noqa: UP031
+            % (RUN, "[" * 100_000 + "]" * 100_000)
+        )
         nested: object = "x"
         for _ in range(MAX_EVENT_DEPTH + 1):
             nested = [nested]
@@ -288,4 +303,55 @@ def test_a_line_nested_too_deeply_keeps_its_seq_through_a_stand_in(fake_ingest, 
     for seq, why in ((4, "nested too deeply to parse"), (5, f"nested deeper than {MAX_EVENT_DEPTH} levels")):
         stand_in = fake.stored[seq]
         assert (stand_in["type"], stand_in["level"]) == ("log", "error")
-        assert f"event {seq}" in stand_in["message"] and why in stand_in["message"] and str(path) in stand_in["message"]
+        assert (
+            f"event {seq}" in stand_in["message"]
+            and why in stand_in["message"]
+            and str(path) in stand_in["message"]
+        )
+
+
+def test_a_woken_shipper_ships_each_write_at_once_not_at_its_poll(fake_ingest, tmp_path: Path) -> None:
+    """A writer in the shipper's process (tributary.Run's writer thread, an EventSink with
+    ``on_write``) wakes it: with the poll and the ping an hour away, every event still ships, and
+    every wait for the log ended by a wake, none by its timeout."""
+    fake = fake_ingest(RUN)
+    path = tmp_path / "events.jsonl"
+    shipper = shipper_for(fake, path, woken=True, poll_interval=3600, ping_interval=3600).start()
+    sink = EventSink(str(RUN), path)
+    sink.on_write = shipper.wake
+    fake.wait_for(lambda f: f.conns and f.conns[0].attach)
+    for i in range(1, 6):
+        seq = sink.log("info", f"line {i}")
+        fake.wait_for(lambda f, seq=seq: f.last_seq >= seq)
+    sink.close()
+    shipper.stop()
+    assert shipper.error is None
+    assert [e["seq"] for e in fake.events()] == [1, 2, 3, 4, 5]
+    (conn,) = fake.conns
+    assert [s for b in conn.batches for s in b] == [1, 2, 3, 4, 5]
+    # stop() ends the last wait with a wake too: waits == wakes (a timed-out wait would read the
+    # log once more without one), and at most one wait per write plus the first.
+    assert shipper.wakeups == shipper.empty_reads <= 6
+
+
+def test_the_poll_is_fast_while_the_log_grows_and_slows_as_it_stays_quiet(tmp_path: Path) -> None:
+    """The wait before the next read: ``poll_fraction`` of the time since the log last grew,
+    within [poll_min, poll_interval] (arithmetic on ``_grew_at``; no wall-time bound is asserted)."""
+    shipper = EventShipper("http://127.0.0.1:9", RUN, "tok", tmp_path / "e.jsonl")
+    assert (shipper.poll_min, shipper.poll_interval, shipper.poll_fraction) == (0.005, 0.05, 0.1)
+    shipper._grew_at = float("inf")  # it just grew
+    assert shipper._poll_delay() == shipper.poll_min
+    shipper._grew_at = 0.0  # quiet since the clock's epoch: the slowest poll
+    assert shipper._poll_delay() == shipper.poll_interval
+    shipper._grew_at -= 1e9
+    assert shipper._poll_delay() == shipper.poll_interval
+    fixed = EventShipper(
+        "http://127.0.0.1:9", RUN, "tok", tmp_path / "e.jsonl", poll_interval=0.05, poll_min=0.05
+    )
+    fixed._grew_at = float("inf")
+    assert fixed._poll_delay() == 0.05  # poll_min = poll_interval: the fixed poll of before
+    woken = EventShipper(
+        "http://127.0.0.1:9", RUN, "tok", tmp_path / "e.jsonl", woken=True, poll_interval=0.25
+    )
+    woken._grew_at = float("inf")
+    assert woken._poll_delay() == 0.25  # woken: no fast poll, wake() does it
