@@ -10,7 +10,8 @@ client, ``--rounds`` times each, and the medians compared:
 - 10 chosen columns (5 config keys, 5 metric summaries), sorted by a metric, filtered by a metric
   comparison and a config value (target < 200 ms);
 - the same grouped by two config keys;
-- the full page (the pickers read the latest runs' config keys and metric names).
+- the full page (the pickers list the project's config keys, from its ``ConfigValue`` rows, and
+  the metric names of its latest runs).
 
 Each line also gives the number of queries, the same at page sizes 10 and 50 (the tests check it).
 
@@ -57,6 +58,7 @@ def seed(n_runs: int, n_metrics: int, steps: int) -> tuple[Any, Any]:
 
     from django.contrib.auth import get_user_model
 
+    from webapp.analysis.config_values import write_many
     from webapp.analysis.models import MetricSummary
     from webapp.runs.bulk import insert_metric_points
     from webapp.runs.models import Run
@@ -83,6 +85,7 @@ def seed(n_runs: int, n_metrics: int, steps: int) -> tuple[Any, Any]:
             Run(project=project, created_by=user, name=config["name"], config=config, status="succeeded")
         )
     runs = Run.objects.bulk_create(runs, batch_size=500)
+    write_many(runs, created=True)  # bulk_create sends no post_save: the config values by hand
     summaries = []
     for i, run in enumerate(runs):
         for j, name in enumerate(names):

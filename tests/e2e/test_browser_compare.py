@@ -10,6 +10,7 @@ compare_analysis.js keep beside them (``data-colours``, ``data-groups``, ``data-
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from tests.e2e.browser import NARROW, WIDE, Site, no_errors, running_site, screenshot, signed_in_page
+from tests.e2e.harness import WAIT
 from tests.e2e.test_browser_analysis import Engine
 from tests.tiny_runs import tiny_config
 
@@ -209,4 +211,135 @@ def test_the_compare_page_fits_a_phone(site: Site, browser: Any, runs: dict[str,
     width = page.evaluate("() => document.documentElement.scrollWidth")
     context.close()
     assert width <= NARROW["width"], f"the compare page scrolls sideways at {NARROW['width']} px ({width} px)"
+    no_errors(console)
+
+
+# --- a live run, and adds in quick succession (review of issue 18) ------------------------------
+
+
+def _stored(site: Site, engine: Engine) -> None:
+    """Wait until the server stored every event the engine wrote (its cursor reached them)."""
+    deadline = time.monotonic() + WAIT
+    while site.deployment.run(engine.run_id)["last_seq"] < engine.seq:
+        assert time.monotonic() < deadline, f"run {engine.run_id}: events not stored in {WAIT} s"
+        assert engine.shipper.error is None, engine.shipper.error
+        time.sleep(0.05)
+
+
+def _steps(page: Any, run_id: int) -> dict[str, list[int]]:
+    """The steps each series of run ``run_id`` holds in the charts, by metric."""
+    return page.evaluate(
+        """(id) => { const g = window.tributaryCharts;
+             return Object.fromEntries([...g.store.series.values()].filter((s) => g.runs[s.run]?.id === id)
+               .map((s) => [s.name, [...s.step]])); }""",
+        run_id,
+    )
+
+
+def test_a_live_run_on_the_compare_page_misses_no_point(
+    site: Site, browser: Any, runs: dict[str, int], tmp_path: Path
+) -> None:
+    """The page reads a live run's cursor, then its history, then follows its socket from that
+    cursor. Points stored while the page loads are held here at the worst moment for the order
+    the page had (history of the first panel, then the cursor): the page's read of the cursor
+    waits until more points are stored. Every step must then be in every panel once, as stored."""
+    finished = runs["lr1-seed0"]
+    run_id = site.deployment.api(
+        "POST", f"/projects/{site.project}/runs",
+        {"config": tiny_config(Path("unused"), 30, name="live-compare"), "name": "live-compare"},
+    )["id"]  # fmt: skip
+    engine = Engine(site, run_id, tmp_path / "live.jsonl")
+    names = ("reward/mean", "actor/entropy")
+
+    def ship(steps: range) -> None:
+        for step in steps:
+            engine.metrics(step, **{name: 0.01 * step + k for k, name in enumerate(names)})
+
+    try:
+        engine.write("status", state="starting", message="loading")
+        engine.write("status", state="running", message="training on cpu")
+        ship(range(1, 6))
+        _stored(site, engine)
+
+        context, page, console = signed_in_page(browser, site, "e2e", WIDE, "/")
+        # The run's own API address (api_base): the page reads the live cursor there (lastSeq).
+        is_cursor = lambda url: urlsplit(url).path.rstrip("/") == f"/api/runs/{run_id}"  # noqa: E731
+        held: list[Any] = []
+        page.route(is_cursor, lambda route: held.append(route))
+        with page.expect_request(lambda r: is_cursor(r.url), timeout=WAIT * 1000):
+            page.goto(f"{site.url}/compare/?runs={finished},{run_id}")
+        while not held:  # the route's handler runs beside the request event
+            page.wait_for_timeout(20)
+        ship(range(6, 11))  # stored while the page waits for the run's cursor
+        _stored(site, engine)
+        held[0].continue_()
+        page.unroute(is_cursor)
+        settled(page, 2)
+        ship(range(11, 16))  # live, after the page loaded
+        page.wait_for_function(
+            """([id, names]) => { const g = window.tributaryCharts;
+                 return names.every((n) => { const s = [...g.store.series.values()]
+                   .find((s) => g.runs[s.run]?.id === id && s.name === n); return s && s.step.at(-1) === 15; }); }""",
+            arg=[run_id, list(names)],
+            timeout=WAIT * 1000,
+        )
+        got = _steps(page, run_id)
+        stored = site.deployment.api("GET", f"/runs/{run_id}/metrics/series?x=step&names={','.join(names)}")[
+            "series"
+        ]
+        assert {s["name"]: s["step"] for s in stored} == {name: list(range(1, 16)) for name in names}
+        for name in names:
+            assert got[name] == list(range(1, 16)), (name, got[name])  # as stored: none missing, none twice
+        engine.write("status", state="succeeded", message="done")
+        assert engine.shipper.finish(timeout=60), engine.shipper.error
+        context.close()
+        no_errors(console)
+    finally:
+        engine.shipper.stop()  # a failed test leaves no shipper retrying a stopped site
+
+
+def test_two_quick_adds_both_land_with_their_own_colours(
+    site: Site, browser: Any, runs: dict[str, int]
+) -> None:
+    """Run B added, then run C before B's parts came back: the page ends with both (it had
+    asked for the page's old list plus C, so whichever answer came last won). B's answer is
+    held here until C's Add was clicked, so the clicks always overlap."""
+    a, b, c, _ = runs.values()
+    context, page, console = signed_in_page(browser, site, "e2e", WIDE, f"/compare/?runs={a}")
+    settled(page, 1)
+    # The pick section is a form for a page without JavaScript; here Enter searches in place.
+    page.evaluate("() => { window.samePage = true; }")
+    page.fill("#compare-search", "lr")
+    page.press("#compare-search", "Enter")
+    page.wait_for_function(f"() => document.querySelector('#compare-results li[data-run-id=\"{c}\"]')")
+    assert page.evaluate("() => window.samePage === true") and run_ids_in_url(page) == [a]
+    held: list[Any] = []
+
+    def hold_first(route: Any) -> None:
+        if held:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route("**/compare/parts/**", hold_first)
+    with page.expect_request("**/compare/parts/**"):
+        page.locator(f"#compare-results li[data-run-id='{b}'] button").click()
+    page.locator(f"#compare-results li[data-run-id='{c}'] button").click()  # B still on its way
+    while not held:
+        page.wait_for_timeout(20)
+    held[0].continue_()
+    page.wait_for_function(f"() => location.search.includes('runs={a},{b},{c}')", timeout=WAIT * 1000)
+    settled(page, 3)
+    assert run_ids_in_url(page) == [a, b, c]
+    shown = panels(page)
+    for p in shown.values():
+        got = colours(p["colours"])
+        assert set(got) == {str(a), str(b), str(c)} and len(set(got.values())) == 3, got
+    table = {
+        row.get_attribute("data-run-id"): row.get_attribute("data-colour")
+        for row in page.locator("#compare-runs tbody tr").all()
+    }
+    assert table == colours(shown["reward/mean"]["colours"])
+    page.unroute("**/compare/parts/**")
+    context.close()
     no_errors(console)

@@ -71,14 +71,22 @@ def test_short_series_come_back_whole(api_run: Run, viewer_client: Client) -> No
     assert [s["name"] for s in series(viewer_client, api_run, "")["series"]] == ["actor/kl", "reward/mean"]
 
 
+def bucket_width(lo: int, hi: int, max_points: int) -> int:
+    width = 1
+    while len(range((lo + 1) // width, (hi - 1) // width + 1)) > max_points - 2:
+        width *= 2
+    return width
+
+
 def python_buckets(points: list[tuple[int, float]], max_points: int) -> list[tuple[int, float, float, float]]:
-    """The documented rule: first and last kept; inner step s in bucket (s - lo - 1) // width."""
+    """The documented rule: first and last kept; inner step s in bucket s // width, width the
+    smallest power of two that makes at most max_points - 2 buckets."""
     points = sorted(points)
     lo, hi = points[0][0], points[-1][0]
-    width = max(1, math.ceil((hi - lo - 1) / (max_points - 2)))
+    width = bucket_width(lo, hi, max_points)
     buckets: dict[int, list[tuple[int, float]]] = {}
     for step, value in points[1:-1]:
-        buckets.setdefault((step - lo - 1) // width, []).append((step, value))
+        buckets.setdefault(step // width, []).append((step, value))
     out = [(lo, points[0][1], points[0][1], points[0][1])]
     for key in sorted(buckets):
         items = buckets[key]
@@ -106,7 +114,8 @@ def test_long_series_are_downsampled_in_the_database(
     assert got["min"] == [e[2] for e in expected]
     assert got["max"] == [e[3] for e in expected]
     assert got["value"] == pytest.approx([e[1] for e in expected], rel=1e-9, abs=1e-12)
-    assert got["bucket_width"] == math.ceil((steps[-1] - steps[0] - 1) / (max_points - 2))
+    assert got["bucket_width"] == bucket_width(steps[0], steps[-1], max_points)
+    assert (max_points - 2) // 2 < len(got["step"]) - 2 <= max_points - 2
     # The first and last points are exactly the stored ones; the band holds every value.
     assert (got["step"][0], got["value"][0]) == (steps[0], values[0])
     assert (got["step"][-1], got["value"][-1]) == (steps[-1], values[-1])

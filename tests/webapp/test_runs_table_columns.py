@@ -184,7 +184,7 @@ def test_grouping_aggregates_the_chosen_metrics_per_config_value(
     runs = Run.objects.filter(project=project)
     state, _ = table.state_from_query(_query("group=rollout.n&col=last:reward/mean&col=min:loss"), None)
     rows = list(table.grouped(table.annotate(runs, state), state, "-last:reward/mean"))
-    assert [(r["g0"], r["n"]) for r in rows] == [(8, 2), (4, 4)]
+    assert [(table.group_value(r, 0), r["n"]) for r in rows] == [(8, 2), (4, 4)]
     assert rows[0]["col0_mean"] == pytest.approx(0.45) and rows[1]["col0_mean"] == pytest.approx(0.15)
     assert (rows[1]["col0_min"], rows[1]["col0_max"]) == (0.0, pytest.approx(0.3))
     assert rows[0]["col1_mean"] is None and rows[1]["col1_mean"] == pytest.approx(3.5)

@@ -3,69 +3,61 @@
 A column is a spec string, the same in the URL, in the saved view (``TableView``) and in the page:
 
 - ``config:<dotted path>`` — a value of the run's config (``config:algorithm.clip_ratio_high``),
-  read by the database through JSON key transforms (``->`` on PostgreSQL, ``json_extract`` on
-  SQLite), so sorting and filtering happen in the query;
+  read from the run's ``ConfigValue`` rows (one LEFT JOIN on their unique index (run, key) per
+  path a filter, the sort or a group reads), never from the config JSON, so sorting, filtering and
+  grouping happen in the query on indexed rows;
 - ``last:<metric>``, ``min:<metric>``, ``max:<metric>`` — a field of the run's ``MetricSummary``
   for that metric, joined once per metric name (``FilteredRelation``: a LEFT JOIN on the
   summaries' unique index (run, name)), never computed from the points per request.
 
 A filter (``where``) is ``<spec>|<op>|<value>``: numeric comparisons (``lt le gt ge eq``) on metric
-columns; ``eq`` (the JSON value, or the text), ``contains`` (the value's text, case-insensitive)
-and ``missing`` on config columns. Everything the user sends is parsed into these shapes and
-reaches the database only as bound parameters of expressions Django builds: a path segment is
-checked against ``SEGMENT`` (no ``__``, which Django would read as a lookup), a metric name is
-any 1-200 characters without control characters or ``|``.
+columns; ``eq`` (the text, or the JSON value it reads as: ``8`` finds 8 and "8"), ``is`` (exactly
+one JSON value: ``"8"``, ``[1,2]``, ``null``; or ``#`` and a value's digest, for a value longer
+than a filter's 200 characters: what a group's link uses), ``contains`` (the value's text,
+case-insensitive) and ``missing`` on config columns. Everything the user sends is parsed into these
+shapes and reaches the database only as bound parameters of expressions Django builds: a key path
+is checked by ``config_keys.path_problem``, a metric name is any 1-200 characters without control
+characters or ``|``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import (
-    Avg,
-    Count,
-    Exists,
-    F,
-    FilteredRelation,
-    Max,
-    Min,
-    Q,
-    QuerySet,
-    Subquery,
-)
-from django.db.models.fields.json import HasKey, KeyTextTransform, KeyTransform
+from django.db import connection
+from django.db.models import Avg, Count, Exists, F, FilteredRelation, Max, Min, Q, QuerySet, Subquery
 
-from webapp.analysis.models import MetricSummary, TableView
+from webapp.analysis import config_keys
+from webapp.analysis.models import ConfigValue, MetricSummary, TableView
 
 CONFIG = "config"
 STATS = ("last", "min", "max")
 KINDS = (CONFIG, *STATS)
-SEGMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
-MAX_SEGMENTS = 8
 MAX_METRIC = 200
 MAX_COLUMNS = 16
 MAX_GROUP_BY = 3
 MAX_WHERE = 8
 MAX_WHERE_VALUE = 200
 METRIC_OPS = {"lt": "lt", "le": "lte", "gt": "gt", "ge": "gte", "eq": "exact"}
-CONFIG_OPS = ("eq", "contains", "missing")
+CONFIG_OPS = ("eq", "contains", "missing")  # the filter form's; ``is`` is a group's link's
+EXACT = "is"
 OP_LABELS = {
     "lt": "<",
     "le": "≤",
     "gt": ">",
     "ge": "≥",
     "eq": "=",
+    "is": "=",
     "contains": "contains",
     "missing": "is not set",
 }
 CATALOG_RUNS = 100
-"""The pickers list the config keys and metric names of the project's latest runs, this many:
-what a picker offers is read per page load, and a project's runs share their keys."""
+"""The metric picker lists the metric names of the project's latest runs, this many (the config
+key picker lists every key of the project's runs, a probe per key: ``catalog``)."""
 
 
 class TableSpecError(ValueError):
@@ -102,7 +94,12 @@ class Where:
 
     @property
     def label(self) -> str:
-        shown = "" if self.op == "missing" else f" {self.value}"
+        if self.op == "missing":
+            shown = ""
+        elif self.op == EXACT and config_keys.is_digest(self.value):
+            shown = f" the group's value ({self.value[:9]})"
+        else:
+            shown = f" {self.value}"
         return f"{self.column.label} {OP_LABELS[self.op]}{shown}"
 
 
@@ -127,16 +124,10 @@ class TableState:
 
 def parse_path(path: str, param: str = "col") -> tuple[str, ...]:
     path = path.strip()
-    segments = tuple(path.split("."))
-    if not path or len(segments) > MAX_SEGMENTS or not all(SEGMENT.fullmatch(s) for s in segments):
-        raise TableSpecError(
-            f"{param}: {_shown(path)} is not a config key path: dotted names of letters, digits, '_' "
-            f"and '-' (each starting with a letter or '_', at most {MAX_SEGMENTS} parts), "
-            "like algorithm.clip_ratio_high or rollout.n"
-        )
-    if any("__" in s for s in segments):
-        raise TableSpecError(f"{param}: {_shown(path)} has '__' in a key, which the table cannot look up")
-    return segments
+    problem = config_keys.path_problem(path)
+    if problem:
+        raise TableSpecError(f"{param}: {_shown(path)} {problem}")
+    return tuple(path.split("."))
 
 
 def parse_metric(name: str, param: str = "col") -> str:
@@ -179,6 +170,15 @@ def parse_where(text: str) -> Where:
         if number is None:
             raise TableSpecError(f"where: {column.label} compares with a number, not {_shown(value)}")
         value = repr(number)
+    elif op == EXACT:
+        if not config_keys.is_digest(value):
+            try:
+                json.loads(value)
+            except ValueError:
+                raise TableSpecError(
+                    f"where: {_shown(value)} is not a JSON value: write the value as JSON "
+                    '("grpo", 8, true, null, [1,2]), or use eq to match the text'
+                ) from None
     elif op not in CONFIG_OPS:
         raise TableSpecError(
             f"where: {_shown(op)} does not apply to a config value: use one of {', '.join(CONFIG_OPS)}"
@@ -285,39 +285,21 @@ def save(user: Any, project_id: int, state: TableState, saved: TableView | None)
 # --- expressions ----------------------------------------------------------------------------
 
 
-def config_value(path: str) -> KeyTransform:
-    """The JSON value at ``path`` of a run's config (SQL NULL where a run lacks it)."""
-    expr: Any = "config"
-    for segment in path.split("."):
-        expr = KeyTransform(segment, expr)
-    return expr
+def _config_join(path: str) -> FilteredRelation:
+    """The run's ``ConfigValue`` row at ``path`` (a LEFT JOIN on the unique index (run, key), made
+    only where a filter, the sort or a group reads it)."""
+    return FilteredRelation("config_values", condition=Q(config_values__key=path))
 
 
-def config_text(path: str) -> KeyTextTransform:
-    *parents, last = path.split(".")
-    expr: Any = "config"
-    for segment in parents:
-        expr = KeyTransform(segment, expr)
-    return KeyTextTransform(last, expr)
-
-
-def _has_config_key(path: str) -> HasKey:
-    *parents, last = path.split(".")
-    expr: Any = F("config")
-    for segment in parents:
-        expr = KeyTransform(segment, expr)
-    return HasKey(expr, last)
-
-
-def unknown(runs: QuerySet[Any], state: TableState) -> dict[tuple[str, str], str]:
-    """The config key paths and metric names of the state that no run of ``runs`` has, each
-    ``("config" | "metric", key)`` with the reason, in one query (an EXISTS each)."""
+def unknown(project_id: int, runs: QuerySet[Any], state: TableState) -> dict[tuple[str, str], str]:
+    """The config key paths and metric names of the state that no run of ``runs`` (the project's)
+    has, each ``("config" | "metric", key)`` with the reason, in one query (an EXISTS each)."""
     checks: dict[str, Any] = {}
     reasons: dict[str, tuple[tuple[str, str], str]] = {}
     paths = _unique([c.key for c in state.columns if c.kind == CONFIG] + state.group_by)
     metrics = _unique(c.key for c in state.columns if c.is_metric)
     for i, path in enumerate(paths):
-        checks[f"k{i}"] = Exists(runs.filter(_has_config_key(path)))
+        checks[f"k{i}"] = Exists(ConfigValue.objects.filter(key=path, project_id=project_id))
         reasons[f"k{i}"] = ((CONFIG, path), f"no run here has the config key {path!r}")
     ids = runs.values("pk")
     for i, name in enumerate(metrics):
@@ -344,32 +326,32 @@ def without(state: TableState, missing: dict[tuple[str, str], str]) -> TableStat
 
 
 def annotate(runs: QuerySet[Any], state: TableState) -> QuerySet[Any]:
-    """``runs`` with each chosen column named (``col0``...; a metric's value selected, a config
-    value only aliased), filtered by the state's filters. One LEFT JOIN on the summaries per metric
-    name, whatever the stats shown of it."""
+    """``runs`` with each chosen column named (``col0``...: a metric's value selected; a config
+    column's ``ConfigValue`` row as the relation ``col0``, joined only when read), filtered by the
+    state's filters. One LEFT JOIN on the summaries per metric name, whatever the stats shown."""
+    # One ``annotate`` and one ``filter``: each call copies the query, and a copy per column and
+    # filter was a noticeable part of a 10-column page's time. The relations come first in the
+    # dict: Django adds them in order, before the values that read them.
+    relations: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     joins: dict[str, str] = {}
     for i, column in enumerate(state.columns):
         alias = f"col{i}"
         if column.kind == CONFIG:
-            # Only named, not selected: a filter, the sort or a group reads it in the database;
-            # a row's cell is read from the page's own configs (``config_of``), so the database
-            # decompresses a large config once per shown run, not once per column and filtered run.
-            runs = runs.alias(**{alias: config_value(column.key)})
+            # A row's cell is read with the page's other cells (``cell_values``): one query for
+            # the page, whatever the number of runs filtered or sorted.
+            relations[alias] = _config_join(column.key)
             continue
         join = joins.get(column.key)
         if join is None:
             join = joins[column.key] = f"summary{len(joins)}"
             condition = Q(metric_summaries__name=column.key)
-            runs = runs.annotate(**{join: FilteredRelation("metric_summaries", condition=condition)})
-        runs = runs.annotate(**{alias: F(f"{join}__{column.kind}")})
-    for where in state.wheres:
-        if where.op == "contains":
-            text = f"{state.alias(where.column)}_text"
-            runs = runs.annotate(**{text: config_text(where.column.key)}).filter(
-                **{f"{text}__icontains": where.value}
-            )
-        else:
-            runs = runs.filter(_condition(state, where))
+            relations[join] = FilteredRelation("metric_summaries", condition=condition)
+        values[alias] = F(f"{join}__{column.kind}")
+    if relations or values:
+        runs = runs.annotate(**relations, **values)
+    if state.wheres:
+        runs = runs.filter(*(_condition(state, where) for where in state.wheres))
     return runs
 
 
@@ -378,17 +360,22 @@ def _condition(state: TableState, where: Where) -> Q:
     if where.column.is_metric:
         return Q(**{f"{alias}__{METRIC_OPS[where.op]}": float(where.value)})
     if where.op == "missing":
-        return Q(**{f"{alias}__isnull": True})
-    # eq: the JSON value the text reads as (0.28, true, 8) or the text itself ("grpo"), as one IN
-    # (the value is read once from each run's config: reading it is what costs, not comparing).
-    values: list[Any] = [where.value]
-    try:
-        parsed = json.loads(where.value)
-    except ValueError:
-        parsed = where.value
-    if isinstance(parsed, (int, float, bool)) and parsed != where.value:
-        values.append(parsed)
-    return Q(**{f"{alias}__in": values})
+        return Q(**{f"{alias}__id__isnull": True})
+    if where.op == "contains":
+        return Q(**{f"{alias}__text__icontains": where.value})
+    if where.op == EXACT:
+        digest = where.value[1:] if config_keys.is_digest(where.value) else None
+        if digest is None:
+            digest = config_keys.typed(json.loads(where.value)).digest
+        return Q(**{f"{alias}__digest": digest})
+    # eq: the text, or the JSON value it reads as: one probe of the (key, digest) index.
+    return Q(**{f"{alias}__digest__in": config_keys.loose_digests(where.value)})
+
+
+def _value_order(relation: str, descending: bool) -> list[Any]:
+    """A config value's order: numbers by value, then the rest by text; no value last."""
+    fields = [F(f"{relation}__number"), F(f"{relation}__text")]
+    return [f.desc(nulls_last=True) if descending else f.asc(nulls_last=True) for f in fields]
 
 
 def sort_fields(state: TableState, sort: str) -> tuple[Any, ...] | None:
@@ -398,6 +385,8 @@ def sort_fields(state: TableState, sort: str) -> tuple[Any, ...] | None:
     spec = sort[1:] if descending else sort
     for i, column in enumerate(state.columns):
         if column.spec == spec:
+            if column.kind == CONFIG:
+                return (*_value_order(f"col{i}", descending), "-id")
             expr = F(f"col{i}")
             first = expr.desc(nulls_last=True) if descending else expr.asc(nulls_last=True)
             return (first, "-id")
@@ -405,16 +394,27 @@ def sort_fields(state: TableState, sort: str) -> tuple[Any, ...] | None:
 
 
 def grouped(runs: QuerySet[Any], state: TableState, sort: str) -> QuerySet[Any]:
-    """One row per combination of the group keys' values: ``g0``..., ``n`` (runs), and for each
-    metric column its mean, min and max over the group (``col0_mean``...)."""
-    keys = {f"g{i}": config_value(path) for i, path in enumerate(state.group_by)}
-    aggregates: dict[str, Any] = {"n": Count("id")}
+    """One row per combination of the group keys' values: for key ``i`` its value's ``g{i}_kind``,
+    ``g{i}_digest``, ``g{i}_text``, ``g{i}_number`` (all None where runs lack the key), ``n``
+    (runs), and for each metric column its mean, min and max over the group (``col0_mean``...).
+
+    A group is a value (kind and digest): ``8`` and ``8.0`` are one group, shown by one of their
+    texts; ``"8"`` is another."""
+    relations = {f"group{i}": _config_join(path) for i, path in enumerate(state.group_by)}
+    keys: dict[str, Any] = {}
+    spelled: dict[str, Any] = {}
+    for i in range(len(state.group_by)):
+        keys[f"g{i}_kind"] = F(f"group{i}__kind")
+        keys[f"g{i}_digest"] = F(f"group{i}__digest")
+        spelled[f"g{i}_text"] = Min(f"group{i}__text")
+        spelled[f"g{i}_number"] = Min(f"group{i}__number")
+    aggregates: dict[str, Any] = {"n": Count("id"), **spelled}
     for i, column in enumerate(state.columns):
         if column.is_metric:
             aggregates[f"col{i}_mean"] = Avg(f"col{i}")
             aggregates[f"col{i}_min"] = Min(f"col{i}")
             aggregates[f"col{i}_max"] = Max(f"col{i}")
-    rows = runs.annotate(**keys).values(*keys).annotate(**aggregates)
+    rows = runs.annotate(**relations).values(**keys).annotate(**aggregates)
     order: list[Any] = []
     descending = sort.startswith("-")
     spec = sort[1:] if descending else sort
@@ -422,63 +422,92 @@ def grouped(runs: QuerySet[Any], state: TableState, sort: str) -> QuerySet[Any]:
         if column.spec == spec and column.is_metric:
             mean = F(f"col{i}_mean")
             order.append(mean.desc(nulls_last=True) if descending else mean.asc(nulls_last=True))
-    return rows.order_by(*order, *[F(k).asc(nulls_last=True) for k in keys])
+    for i in range(len(state.group_by)):
+        order.extend([F(f"g{i}_number").asc(nulls_last=True), F(f"g{i}_text").asc(nulls_last=True)])
+    return rows.order_by(*order)
+
+
+def group_value(row: Mapping[str, Any], i: int) -> Any:
+    """Group key ``i``'s value of a ``grouped`` row, as Python (None: not set, or null)."""
+    return config_keys.decoded(row.get(f"g{i}_kind"), row.get(f"g{i}_text"))
+
+
+def group_shown(row: Mapping[str, Any], i: int) -> str:
+    """Group key ``i``'s value as the group's row shows it."""
+    kind = row.get(f"g{i}_kind")
+    if kind is None:
+        return "not set"
+    return shown(kind, row[f"g{i}_text"])
 
 
 def group_filters(state: TableState, row: Mapping[str, Any]) -> list[str]:
-    """The ``where`` filters that select one group's runs (its link and its expanded list)."""
+    """The ``where`` filters that select one group's runs (its link and its expanded list):
+    ``missing`` where the runs lack the key, else ``is`` and the value's JSON text (a string
+    stays a string, ``null`` is null, an object or list compares as JSON), or the value's
+    ``#digest`` when its text is longer than a filter's value may be."""
     out = []
     for i, path in enumerate(state.group_by):
-        value = row.get(f"g{i}")
-        if value is None:
+        kind = row.get(f"g{i}_kind")
+        if kind is None:
             out.append(f"{CONFIG}:{path}|missing|")
-        else:
-            out.append(f"{CONFIG}:{path}|eq|{value if isinstance(value, str) else json.dumps(value)}")
+            continue
+        text = row[f"g{i}_text"]
+        exact = config_keys.json_text(kind, text)
+        if len(text) >= config_keys.TEXT_CHARS or len(exact) > MAX_WHERE_VALUE:
+            exact = "#" + row[f"g{i}_digest"]
+        out.append(f"{CONFIG}:{path}|{EXACT}|{exact}")
     return out
 
 
-def config_of(config: Any, path: str) -> Any:
-    """The value at ``path`` of a config (None where it has none), as ``config_value`` reads it."""
-    for segment in path.split("."):
-        if not isinstance(config, Mapping):
-            return None
-        config = config.get(segment)
-    return config
+def cell_values(run_ids: list[int], state: TableState) -> dict[tuple[int, str], tuple[str, str]]:
+    """The config columns' values of the page's runs, ``(run_id, path) -> (kind, text)``: one
+    query through the unique index (run, key), whatever the number of runs and columns."""
+    paths = _unique(c.key for c in state.columns if c.kind == CONFIG)
+    if not run_ids or not paths:
+        return {}
+    rows = ConfigValue.objects.filter(run_id__in=run_ids, key__in=paths).values_list(
+        "run_id", "key", "kind", "text"
+    )
+    return {(run_id, key): (kind, text) for run_id, key, kind, text in rows}
 
 
-def shown(value: Any) -> str:
-    """A config value as a cell shows it."""
-    if value is None:
+def shown(kind: str | None, text: str) -> str:
+    """A stored config value as a cell shows it (``""`` for none)."""
+    if kind is None:
         return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    text = json.dumps(value, separators=(",", ":"))
+    if kind == config_keys.NUM:
+        value = config_keys.decoded(kind, text)
+        if isinstance(value, float):
+            return f"{value:.6g}"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
 # --- the pickers ----------------------------------------------------------------------------
 
 
-def _leaf_paths(value: Any, prefix: str, out: set[str], depth: int = 0) -> None:
-    if isinstance(value, Mapping) and value and depth < MAX_SEGMENTS:
-        for key, inner in value.items():
-            if isinstance(key, str) and SEGMENT.fullmatch(key) and "__" not in key:
-                _leaf_paths(inner, f"{prefix}.{key}" if prefix else key, out, depth + 1)
-    elif prefix:
-        out.add(prefix)
+def config_key_list(project_id: int) -> list[str]:
+    """The leaf key paths of the project's runs, sorted: one query that skips through the index
+    on (project, key) of leaves, a probe per distinct key (a recursive CTE: PostgreSQL and
+    SQLite have no skip scan of their own), so it costs the number of keys, not of runs."""
+    table_name = connection.ops.quote_name(ConfigValue._meta.db_table)
+    leaf = "leaf" if connection.vendor == "postgresql" else "leaf = 1"
+    sql = (
+        "WITH RECURSIVE keys(k) AS ("
+        f" SELECT MIN(key) FROM {table_name} WHERE project_id = %s AND {leaf}"
+        " UNION ALL"
+        f" SELECT (SELECT MIN(key) FROM {table_name} WHERE project_id = %s AND {leaf} AND key > keys.k)"
+        " FROM keys WHERE keys.k IS NOT NULL"
+        ") SELECT k FROM keys WHERE k IS NOT NULL"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [project_id, project_id])
+        return [row[0] for row in cursor.fetchall()]
 
 
-def catalog(runs: QuerySet[Any]) -> tuple[list[str], list[str]]:
-    """The config key paths (leaves) and metric names of the latest ``CATALOG_RUNS`` runs: what
-    the pickers list (two queries)."""
+def catalog(project_id: int, runs: QuerySet[Any]) -> tuple[list[str], list[str]]:
+    """The config key paths (leaves) of the project's runs and the metric names of its latest
+    ``CATALOG_RUNS`` runs: what the pickers list (two queries)."""
     latest = runs.order_by("-created_at", "-id")
-    keys: set[str] = set()
-    for config in latest.values_list("config", flat=True)[:CATALOG_RUNS]:
-        _leaf_paths(config, "", keys)
     recent_ids = Subquery(latest.values("pk")[:CATALOG_RUNS])
     names = (
         MetricSummary.objects.filter(run_id__in=recent_ids)
@@ -486,4 +515,4 @@ def catalog(runs: QuerySet[Any]) -> tuple[list[str], list[str]]:
         .distinct()
         .order_by("name")
     )
-    return sorted(keys), list(names)
+    return config_key_list(project_id), list(names)

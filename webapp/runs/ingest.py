@@ -41,7 +41,7 @@ from django.utils import timezone
 from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, ENGINE_FINAL_STATES, ENGINE_STATES, EVENT_TYPES
 from engine.events import clean, clean_text
 from webapp.alerts import monitor
-from webapp.analysis import summaries
+from webapp.analysis import rollups, summaries
 from webapp.live import announce
 from webapp.runs.bulk import PointRow, insert_metric_points
 from webapp.runs.choices import LogLevel, RunStatus
@@ -508,6 +508,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     # engine logging a metric twice in one step) keeps its first value.
     insert_metric_points(points)
     summaries.record(points)  # the runs table's last/min/max per metric (webapp.analysis)
+    rollups.record(run.pk, points)  # the blocks long series are downsampled from (webapp.analysis)
     alert_state = monitor.observe(run, fresh)
     Sample.objects.bulk_create(samples, batch_size=500, ignore_conflicts=True)
     Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
@@ -559,6 +560,7 @@ def _supersede(run: Run, fresh: list[dict[str, Any]]) -> int:
     Checkpoint.objects.filter(**older).update(superseded=True)
     if hidden:
         summaries.rebuild(run.pk)  # a rewound history's min, max and last value
+        rollups.rewind(run.pk, first)  # the blocks from the step it resumed at
         log.info("run %s: attempt %d resumed at step %d: %d points superseded", run.pk, number, first, hidden)
     return min(run.last_step, first - 1)
 

@@ -7,13 +7,12 @@ shows the results is ``webapp.api.serializers``; the pages render them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Generator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections
 from django.db.models import (
-    Avg,
     Count,
     ExpressionWrapper,
     F,
@@ -26,11 +25,14 @@ from django.db.models import (
     Q,
     QuerySet,
     Subquery,
+    Sum,
     Value,
 )
 from django.db.models.fields.json import KT
 from django.db.models.functions import Floor, Greatest, Least
 
+from webapp.analysis import rollups
+from webapp.analysis.models import MetricRollup
 from webapp.runs import housekeeping
 from webapp.runs.choices import ACTIVE_STATUSES, FINAL_STATUSES, LogLevel, RunStatus
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, RunAttempt, Sample, ShareLink
@@ -243,12 +245,16 @@ def metric_series(
     Downsampling keeps the first and the last point as they are and puts the points between
     them into at most ``max_points - 2`` buckets of equal width along ``x`` (steps, or seconds
     of wall-clock time). A bucket reports its first step and time, the mean value, and the
-    minimum and maximum (so a chart can draw the band the mean hides). With ``x=step`` a
-    point at step s falls in bucket ``(s - first - 1) // width`` where
-    ``width = ceil((last - first - 1) / (max_points - 2))``.
+    minimum and maximum (so a chart can draw the band the mean hides). With ``x=step`` the
+    width is the smallest power of two ``w`` for which the buckets ``s // w`` of the steps
+    strictly between the first and the last hold at most ``max_points - 2`` (between half
+    that and that many): aligned on multiples of ``w``, so the buckets of a long history are
+    combined from the blocks kept at ingest (``webapp.analysis.rollups``, at most 8 rows a
+    bucket) instead of from every point; the two edge buckets, which share a block with the
+    first or the last point, are read as points (at most ``2 w`` of them).
 
     The run's history by default; with ``superseded`` the points resumes from an earlier step
-    replaced instead (several attempts may have one at a step: the latest first).
+    replaced instead (several attempts may have one at a step: the latest first), read as points.
     """
     base = MetricPoint.objects.filter(run=run, superseded=superseded)
     if after_step is not None:
@@ -260,28 +266,75 @@ def metric_series(
         names = [n for n in names if n not in set(exclude)]
     if not names:
         return []
-    stats = {
-        row["name"]: row
-        for row in base.filter(name__in=names)
-        .values("name")
-        .annotate(n=Count("id"), lo=Min("step"), hi=Max("step"))
-        .order_by()
-    }
+    # The history's counts and step ranges come from the coarsest blocks (a row or two a
+    # metric); a metric without blocks (points written past ingest), a live read after a step
+    # or the superseded points are counted from the points.
+    rolled = not superseded and after_step is None
+    stats: dict[str, dict[str, Any]] = {}
+    if rolled:
+        stats = {
+            row["name"]: row
+            for row in MetricRollup.objects.filter(run=run, width=rollups.WIDTHS[-1], name__in=names)
+            .values("name")
+            .annotate(n=Sum("count"), lo=Min("first_step"), hi=Max("last_step"))
+            .order_by()
+        }
+    unrolled = [n for n in names if n not in stats]
+    if unrolled:
+        stats.update(
+            (row["name"], {**row, "points": True})
+            for row in base.filter(name__in=unrolled)
+            .values("name")
+            .annotate(n=Count("id"), lo=Min("step"), hi=Max("step"))
+            .order_by()
+        )
     if every_name:  # only the metrics with points in range (after ``after_step``)
         names = [n for n in names if n in stats]
-    out = []
+    out: dict[str, dict[str, Any]] = {}
+    whole = [n for n in names if n in stats and stats[n]["n"] <= max_points]
+    if whole:
+        rows = _raw(
+            base.filter(name__in=whole)
+            .order_by("name", "step", "-attempt")
+            .values_list("name", "step", "value", "time")
+        )
+        by_name: dict[str, list[tuple[Any, ...]]] = {n: [] for n in whole}
+        for name, step, value, time in rows:
+            by_name[name].append((step, value, _seconds(time), None, None))
+        out.update((n, _series(n, stats[n]["n"], by_name[n], None)) for n in whole)
+    # The downsampled ones, four queries for all the metrics with the same step range (a run
+    # logs most of its metrics at every step): their first and last points, the blocks, and
+    # the points of each edge bucket.
+    groups: dict[tuple[int, int, bool], list[str]] = {}
     for name in names:
         st = stats.get(name)
-        points = base.filter(name=name)
         if st is None:
-            out.append(_series(name, 0, [], None))
-        elif st["n"] <= max_points:
-            rows = points.order_by("step", "-attempt").values_list("step", "value", "time")
-            out.append(_series(name, st["n"], [(s, v, t.timestamp(), None, None) for s, v, t in rows], None))
-        else:
-            rows, width = _downsampled(points, st["lo"], st["hi"], max_points, x)
-            out.append(_series(name, st["n"], rows, width))
-    return out
+            out[name] = _series(name, 0, [], None)
+        elif st["n"] > max_points:
+            groups.setdefault((st["lo"], st["hi"], "points" in st), []).append(name)
+    for (lo, hi, from_points), group in groups.items():
+        blocks = None if from_points else MetricRollup.objects.filter(run=run)
+        for name, (rows, width) in _downsampled(base, blocks, group, lo, hi, max_points, x).items():
+            out[name] = _series(name, stats[name]["n"], rows, width)
+    return [out[n] for n in names]
+
+
+def _raw(qs: QuerySet[Any]) -> list[tuple[Any, ...]]:
+    """The rows of ``qs`` as the database driver returns them: without Django's converters,
+    which cost more than the query for the thousands of rows of a page's series (times are
+    read by ``_seconds``)."""
+    sql, params = qs.query.sql_with_params()
+    with connections[qs.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _seconds(time: Any) -> float:
+    """Unix seconds of a datetime column as the driver returns it: an aware datetime
+    (PostgreSQL) or the UTC text Django stores in SQLite."""
+    if isinstance(time, str):
+        return datetime.fromisoformat(time).replace(tzinfo=UTC).timestamp()
+    return time.timestamp()
 
 
 def _series(name: str, total: int, rows: list[tuple[Any, ...]], width: float | None) -> dict[str, Any]:
@@ -299,38 +352,134 @@ def _series(name: str, total: int, rows: list[tuple[Any, ...]], width: float | N
     }
 
 
+def step_bucket_width(lo: int, hi: int, buckets: int) -> int:
+    """The smallest power of two ``w`` for which the steps strictly between ``lo`` and ``hi`` fall
+    in at most ``buckets`` buckets ``s // w``."""
+    width = 1
+    while (hi - 1) // width - (lo + 1) // width + 1 > buckets:
+        width *= 2
+    return width
+
+
 def _downsampled(
-    points: QuerySet[MetricPoint], lo: int, hi: int, max_points: int, x: str
-) -> tuple[list[tuple[Any, ...]], float]:
-    first = points.filter(step=lo).order_by("-attempt").values_list("step", "value", "time")[0]
-    last = points.filter(step=hi).order_by("-attempt").values_list("step", "value", "time")[0]
+    base: QuerySet[MetricPoint],
+    blocks: QuerySet[MetricRollup] | None,
+    names: list[str],
+    lo: int,
+    hi: int,
+    max_points: int,
+    x: str,
+) -> dict[str, tuple[list[tuple[Any, ...]], float]]:
+    """Series ``names``, each with its first point at step ``lo`` and its last at ``hi``:
+    ``{name: (rows, bucket width)}``; ``blocks``: the run's rollups, None to read points only."""
+    points = base.filter(name__in=names)
+    ends: dict[tuple[str, int], tuple[Any, ...]] = {}
+    rows = points.filter(step__in=[lo, hi]).order_by("name", "step", "-attempt")
+    for name, step, value, time in _raw(rows.values_list("name", "step", "value", "time")):
+        ends.setdefault((name, step), (step, value, _seconds(time), value, value))
     inner = points.filter(step__gt=lo, step__lt=hi)
     buckets = max_points - 2
-    t_lo, t_hi = first[2].timestamp(), last[2].timestamp()
-    if x == "time" and t_hi > t_lo:
-        width: float = (t_hi - t_lo) / buckets
-        # Clamped: a point whose time lies outside the first..last range joins the edge bucket.
-        bucket: Any = Least(
-            Greatest(Floor((Epoch("time") - Value(t_lo)) / Value(width)), Value(0.0)),
-            Value(float(buckets - 1)),
-        )
-    else:
-        width = max(1, math.ceil((hi - lo - 1) / buckets))
-        # Integer division on both databases: an integer column by an integer.
-        bucket = ExpressionWrapper(
-            (F("step") - Value(lo + 1)) / Value(int(width)), output_field=IntegerField()
-        )
+    body: dict[str, list[tuple[Any, ...]]] = {n: [] for n in names}
+    widths: dict[str, float] = {}
+    if x == "time":
+        # Each series its own time range: one query per series, from its points.
+        timed = [n for n in names if ends[n, hi][2] > ends[n, lo][2]]
+        for name in timed:
+            t_lo, t_hi = ends[name, lo][2], ends[name, hi][2]
+            widths[name] = (t_hi - t_lo) / buckets
+            # Clamped: a point whose time lies outside the first..last range joins the edge bucket.
+            bucket: Any = Least(
+                Greatest(Floor((Epoch("time") - Value(t_lo)) / Value(widths[name])), Value(0.0)),
+                Value(float(buckets - 1)),
+            )
+            body[name].extend(_point_buckets(inner.filter(name=name), bucket)[name])
+        names = [n for n in names if n not in timed]  # no time range: along steps
+    if names:
+        width = step_bucket_width(lo, hi, buckets)
+        widths.update((n, float(width)) for n in names)
+        # Integer division on both databases: an integer column by an integer (steps are >= 0).
+        bucket = ExpressionWrapper(F("step") / Value(width), output_field=IntegerField())
+        stepped = base.filter(name__in=names)
+        # The buckets strictly between the first point's and the last point's hold no point of
+        # theirs: combined from the widest blocks that fit, the edge buckets from the points.
+        first_bucket, last_bucket = lo // width, hi // width
+        fitting = [w for w in rollups.WIDTHS if w <= width]
+        if blocks is not None and fitting and last_bucket - first_bucket > 1:
+            for name, rows_of in _from_blocks(
+                blocks.filter(name__in=names), fitting[-1], width, first_bucket + 1, last_bucket
+            ).items():
+                body[name].extend(rows_of)
+            # Two range scans of the index (run, name, step), each with its own bounds (SQLite
+            # bounds a scan by one of several upper bounds: a filter on the inner range's read all).
+            edges = [
+                stepped.filter(step__gt=lo, step__lt=(first_bucket + 1) * width),
+                stepped.filter(step__gte=last_bucket * width, step__lt=hi),
+            ]
+        else:
+            edges = [stepped.filter(step__gt=lo, step__lt=hi)]
+        for part in edges:
+            for name, rows_of in _point_buckets(part, bucket).items():
+                body[name].extend(rows_of)
+    out = {}
+    for name, rows_of in body.items():
+        rows_of.sort(key=lambda r: r[0])
+        out[name] = ([ends[name, lo], *rows_of, ends[name, hi]], widths[name])
+    return out
+
+
+SCALED = ExpressionWrapper(F("value") / Value(float(rollups.SCALE)), output_field=FloatField())
+"""A value / 2^40: means are summed scaled (``rollups.SCALE``), so values near the largest float
+average without overflowing (PostgreSQL raises then). SUM / COUNT, not AVG: PostgreSQL's AVG of
+a float also sums the squares (for the variance), which overflow from values of 1e154 on."""
+
+
+def _point_buckets(points: QuerySet[MetricPoint], bucket: Any) -> dict[str, list[tuple[Any, ...]]]:
+    """Per name, the buckets of ``points``: first step, mean, first time, min, max."""
     rows = (
-        inner.annotate(bucket=bucket)
-        .values("bucket")
-        .annotate(s=Min("step"), v=Avg("value"), lo_v=Min("value"), hi_v=Max("value"), t=Min("time"))
-        .order_by("bucket")
-        .values_list("s", "v", "t", "lo_v", "hi_v")
+        points.annotate(bucket=bucket)
+        .values("name", "bucket")
+        .annotate(
+            s=Min("step"),
+            n=Count("id"),
+            total=Sum(SCALED),
+            t=Min("time"),
+            lo_v=Min("value"),
+            hi_v=Max("value"),
+        )
+        .order_by()
+        .values_list("name", "s", "n", "total", "t", "lo_v", "hi_v")
     )
-    body = [(s, v, t.timestamp(), mn, mx) for s, v, t, mn, mx in rows]
-    body.sort(key=lambda r: r[0])
-    ends = [(p[0], p[1], p[2].timestamp(), p[1], p[1]) for p in (first, last)]
-    return [ends[0], *body, ends[1]], float(width)
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for name, s, n, total, t, mn, mx in _raw(rows):
+        out.setdefault(name, []).append((s, total / n * rollups.SCALE, _seconds(t), mn, mx))
+    return out
+
+
+def _from_blocks(
+    blocks: QuerySet[MetricRollup], block_width: int, width: int, start: int, stop: int
+) -> dict[str, list[tuple[Any, ...]]]:
+    """Per name, buckets ``start`` to ``stop - 1`` of ``width`` steps, each combined from its
+    blocks of ``block_width`` steps (``width / block_width`` of them, at most ``rollups.RATIO``)."""
+    per = width // block_width
+    rows = (
+        blocks.filter(width=block_width, block__gte=start * per, block__lt=stop * per)
+        .annotate(bucket=ExpressionWrapper(F("block") / Value(per), output_field=IntegerField()))
+        .values("name", "bucket")
+        .annotate(
+            s=Min("first_step"),
+            n=Sum("count"),
+            total=Sum("total"),
+            t=Min("first_time"),
+            mn=Min("min"),
+            mx=Max("max"),
+        )
+        .order_by()
+        .values_list("name", "s", "n", "total", "t", "mn", "mx")
+    )
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for name, s, n, total, t, mn, mx in _raw(rows):
+        out.setdefault(name, []).append((s, total / n * rollups.SCALE, _seconds(t), mn, mx))
+    return out
 
 
 CSV_CHUNK_ROWS = 2000

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+
 from webapp.analysis import table
 from webapp.analysis.table import TableState
 
@@ -45,17 +48,40 @@ def _number(value: Any) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
-def run_cells(state: TableState, run: Any) -> list[dict[str, Any]]:
+def run_cells(
+    state: TableState, run: Any, values: dict[tuple[int, str], tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """A run's chosen cells: metrics from its row, config values from ``values``
+    (``table.cell_values`` of the page)."""
     cells = []
     for i, column in enumerate(state.columns):
         if column.is_metric:
             value = getattr(run, f"col{i}", None)
             cell = {"text": _number(value), "title": "" if value is None else repr(value), "num": True}
         else:
-            value = table.config_of(run.config, column.key)
-            cell = {"text": table.shown(value), "title": "", "num": isinstance(value, (int, float))}
+            kind, text = values.get((run.pk, column.key), (None, ""))
+            shown = table.shown(kind, text)
+            cell = {"text": shown, "title": text if shown != text else "", "num": kind == "num"}
         cells.append({**cell, "label": column.label})
     return cells
+
+
+def cells_html(cells: list[dict[str, Any]]) -> SafeString:
+    """A run's chosen cells as its table row shows them: built here in one pass rather than by the
+    template's tags cell by cell (a page of 50 runs and 10 columns has 500 cells, and the
+    template's per-cell tags were a noticeable part of its time). Text escaped as the template's."""
+    empty = mark_safe('<span class="muted">—</span>')
+    parts = []
+    for cell in cells:
+        parts.append(
+            format_html(
+                '<td class="{}"{}>{}</td>',
+                "chosen-col num" if cell["num"] else "chosen-col",
+                format_html(' title="{}"', cell["title"]) if cell["title"] else "",
+                cell["text"] or empty,
+            )
+        )
+    return mark_safe("".join(parts))  # each part is format_html's, escaped
 
 
 def group_rows(
@@ -88,7 +114,7 @@ def group_rows(
                 "keys": [
                     {
                         "path": path,
-                        "text": table.shown(row[f"g{i}"]) if row[f"g{i}"] is not None else "not set",
+                        "text": table.group_shown(row, i),
                     }
                     for i, path in enumerate(state.group_by)
                 ],

@@ -77,6 +77,10 @@ class ProjectForm(forms.Form):
         return data
 
 
+# Far beyond any table (a million pages of runs), far below a 64-bit OFFSET at any page size.
+MAX_PAGE = 1_000_000
+
+
 class RunFilterForm(forms.Form):
     """The runs table's query string: ``status`` (repeatable), ``tag``, ``q``, ``sort``, ``page``,
     ``archived`` (the archived runs instead of the others). The chosen columns, grouping and
@@ -95,7 +99,10 @@ class RunFilterForm(forms.Form):
         return self.cleaned_data.get("sort", "").strip() or DEFAULT_SORT
 
     def clean_page(self) -> int:
-        return self.cleaned_data.get("page") or 1
+        """Past the last page is the last page (the view's ``_page_of``); bounded here first, so
+        ``(page - 1) * PAGE_SIZE`` never overflows the database's 64-bit OFFSET (a 500 on
+        PostgreSQL for ``page=10**30``)."""
+        return min(self.cleaned_data.get("page") or 1, MAX_PAGE)
 
 
 class TeamNameForm(forms.Form):

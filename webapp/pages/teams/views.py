@@ -374,7 +374,7 @@ def _table_state(
     except table.TableSpecError as exc:
         errors.extend([str(exc), "Fix the column or filter in the address, or clear the filters."])
         return table.TableState(), saved, False
-    missing = table.unknown(runs, state)
+    missing = table.unknown(project.pk, runs, state)
     if missing and (stated or table.has_actions(request.GET)):
         errors.extend([f"{m}: check the spelling, or drop the column." for m in missing.values()])
         return table.TableState(), saved, False
@@ -450,9 +450,8 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
         http_status = 400
     if http_status == 200:
         try:
-            runs = runs_of_project.select_related("created_by").defer("notes")
-            if not any(c.kind == table.CONFIG for c in state.columns):
-                runs = runs.defer("config", "notes")  # the config columns' cells read the configs
+            # The config columns' cells come from the config values (``table.cell_values``).
+            runs = runs_of_project.select_related("created_by").defer("config", "notes")
             # Archived runs only on request (``archived=1``), and then only they.
             shown = housekeeping.archived if params["archived"] else housekeeping.listed
             qs = table.annotate(
@@ -470,7 +469,7 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
                 groups = columns.group_rows(state, list(page_obj.object_list), query)
             else:
                 page_obj = _page_of(qs.order_by(*order), params["page"], one_pass=bool(state.wheres))
-                rows = _run_rows(list(page_obj.object_list), state, project, errors)
+                rows = _run_rows(list(page_obj.object_list), state, project, errors, brief=fragment)
         except DatabaseError:
             log.exception("runs table of project %s failed", project.pk)
             errors.append("The runs could not be loaded: the database did not answer. Try again in a moment.")
@@ -515,7 +514,7 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
     else:
         template = "pages/teams/project.html"
         context["where_choices"] = columns.where_choices(state)
-        context["config_keys"], context["metric_names"] = table.catalog(runs_of_project)
+        context["config_keys"], context["metric_names"] = table.catalog(project.pk, runs_of_project)
         context["drop_group_urls"] = [(g, query(page=None, drop_group=g)) for g in state.group_by]
         context["drop_where_urls"] = [(w.label, query(page=None, drop_where=w.text)) for w in state.wheres]
     response = render(request, template, context, status=http_status)
@@ -548,21 +547,35 @@ def _page_of(qs: Any, number: int, *, one_pass: bool) -> Page:
 
 
 def _run_rows(
-    runs: list[Run], state: table.TableState, project: Project, errors: list[str]
+    runs: list[Run], state: table.TableState, project: Project, errors: list[str], *, brief: bool = False
 ) -> list[dict[str, Any]]:
-    """A page of runs as rows: fixed cells, sparklines, alert counts and the chosen columns."""
-    try:
-        sparks = sparkline.sparklines([r.pk for r in runs], SPARK_METRIC)
-    except DatabaseError:  # the table is still useful without its trends
-        log.warning("sparklines of project %s failed", project.pk, exc_info=True)
-        sparks = {}
-        errors.append("The reward trends could not be loaded; the rest of the table is up to date.")
+    """A page of runs as rows: fixed cells, sparklines, alert counts and the chosen columns.
+    ``brief``: a group's expanded list (``_group_runs.html``), which shows no trend or alert
+    count, so neither is read."""
+    ids = [r.pk for r in runs]
+    sparks: dict[int, Any] = {}
+    alert_counts: dict[int, int] = {}
+    if not brief:
+        try:
+            sparks = sparkline.sparklines(ids, SPARK_METRIC)
+        except DatabaseError:  # the table is still useful without its trends
+            log.warning("sparklines of project %s failed", project.pk, exc_info=True)
+            errors.append("The reward trends could not be loaded; the rest of the table is up to date.")
+        alert_counts = alert_listing.counts_for(ids)
+    values = table.cell_values(ids, state)
     now = timezone.now()
-    alert_counts = alert_listing.counts_for([r.pk for r in runs])
-    return [
-        {**_row(r, now, sparks), "alerts": alert_counts.get(r.pk, 0), "cells": columns.run_cells(state, r)}
-        for r in runs
-    ]
+    rows = []
+    for r in runs:
+        cells = columns.run_cells(state, r, values)
+        rows.append(
+            {
+                **_row(r, now, sparks),
+                "alerts": alert_counts.get(r.pk, 0),
+                "cells": cells,
+                "cells_html": columns.cells_html(cells),
+            }
+        )
+    return rows
 
 
 def _selected_ids(request: HttpRequest) -> tuple[list[int], list[str]]:

@@ -127,14 +127,21 @@ async function reconcile() {
   const each = (load) => Promise.all(fresh.map(async (run) => {
     try { return await load(run); } catch (err) { failures.push(`${run.name}: ${err.message}`); return null; }
   }));
-  if (first) {
-    await each((run) => loadSeries(run, [first]));
-    grid.schedule();
-  }
+  // A live run's cursor is read before any of its history (as run.js does): every point stored
+  // after it is replayed by the socket, every point before it is in the history read next (a
+  // point in both is skipped by the series). Read after the first panel's series, the points
+  // stored in between were in neither: a gap in the first panel.
+  const afterSeqs = new Map();
+  await each(async (run) => {
+    afterSeqs.set(run.id, await lastSeq(run));
+    if (first) await loadSeries(run, [first]);
+  });
+  if (first) grid.schedule();
   // The rest of every run's history, handed to the charts together: a panel is built once with
   // all its runs rather than once per run's answer (8 runs: 8 rebuilds of every panel).
   const got = await each(async (run) => {
-    const afterSeq = await lastSeq(run);
+    if (!afterSeqs.has(run.id)) return null; // its cursor or first panel failed (said below)
+    const afterSeq = afterSeqs.get(run.id);
     return { run, afterSeq, slot: state.slots.get(run.id), list: rest.length ? await fetchSeries(run.api, POINTS, { names: rest }) : [] };
   });
   for (const one of got) if (one && state.slots.get(one.run.id) === one.slot) grid.loadHistory(one.slot, one.list);
@@ -145,7 +152,6 @@ async function reconcile() {
   applyGroups();
   await analysis();
   grid.schedule();
-  document.body.dataset.historyLoaded = "true";
 }
 
 function paintSwatches() {
@@ -160,16 +166,52 @@ function paintSwatches() {
   count.textContent = `(${state.ids.length} of at most ${count.dataset.max})`;
 }
 
-// The server-rendered parts for `ids`, swapped in; then the charts follow.
-async function select(ids) {
-  document.body.dataset.historyLoaded = "false";
-  const parts = $("compare-parts");
-  const res = await fetch(`${parts.dataset.url}?runs=${ids.join(",")}`, { credentials: "same-origin" });
-  if (!res.ok) { $("compare-search-state").textContent = `Could not update the comparison: HTTP ${res.status}`; return; }
-  parts.innerHTML = await res.text();
-  bindParts();
-  await reconcile();
-  search();
+// The selection asked for last (run ids in page order): an add or a drop changes it at once, so
+// a second add while the first is on its way extends the first's list, never the page's older
+// one. One update runs at a time (`updating`); it catches up with `wanted` until they agree.
+let wanted = [];
+let updating = null;
+
+// Show the runs of `ids` (the server's parts for them swapped in, then the charts follow).
+function select(ids) {
+  wanted = [...new Set(ids)];
+  if (!updating) updating = catchUp();
+  return updating;
+}
+
+const same = (a, b) => a.length === b.length && a.every((id, i) => id === b[i]);
+
+// Bring the page to `wanted`: ask compare/parts/ for it, swap the parts in, reconcile the charts;
+// again while `wanted` moved meanwhile (an answer for a list no longer wanted is not swapped in).
+async function catchUp(initial = false) {
+  try {
+    if (initial) await reconcile();
+    while (!same(wanted, state.ids)) {
+      document.body.dataset.historyLoaded = "false";
+      const ids = wanted.slice();
+      const parts = $("compare-parts");
+      const res = await fetch(`${parts.dataset.url}?runs=${ids.join(",")}`, { credentials: "same-origin" });
+      if (!res.ok) {
+        $("compare-search-state").textContent = `Could not update the comparison: HTTP ${res.status}`;
+        wanted = state.ids.slice();
+        break;
+      }
+      const html = await res.text();
+      if (!same(ids, wanted)) continue; // asked for another list meanwhile: ask for that one
+      parts.innerHTML = html;
+      bindParts();
+      // The server leaves out runs the user may not see: what it showed is what was wanted.
+      wanted = state.data.runs.map((r) => r.id);
+      await reconcile();
+      if (same(wanted, state.ids)) search(); // the runs offered: those not shown now
+    }
+  } catch (err) {
+    $("compare-search-state").textContent = `Could not update the comparison: ${err.message}`;
+    wanted = state.ids.slice();
+  } finally {
+    updating = null;
+  }
+  document.body.dataset.historyLoaded = "true";
 }
 
 function bindParts() {
@@ -181,7 +223,7 @@ function bindParts() {
     box.addEventListener("change", () => { grid.setRunVisible(state.slots.get(Number(box.dataset.runId)), box.checked); analysis(); });
   }
   for (const button of document.querySelectorAll("button.run-drop")) {
-    button.addEventListener("click", () => select(state.ids.filter((id) => id !== Number(button.dataset.runId))));
+    button.addEventListener("click", () => select(wanted.filter((id) => id !== Number(button.dataset.runId))));
   }
 }
 
@@ -191,13 +233,13 @@ let searchTimer = 0, searchSeq = 0;
 async function search() {
   const input = $("compare-search"), list = $("compare-results"), status = $("compare-search-state");
   const seq = ++searchSeq;
-  const q = new URLSearchParams({ q: input.value.trim(), exclude: state.ids.join(",") });
+  const q = new URLSearchParams({ q: input.value.trim(), exclude: wanted.join(",") });
   const res = await fetch(`${input.dataset.url}?${q}`, { credentials: "same-origin" });
   if (seq !== searchSeq) return; // a later search answered first
   const body = await res.json().catch(() => ({}));
   list.textContent = "";
   if (!res.ok) { status.textContent = body.detail || `Search failed: HTTP ${res.status}`; list.dataset.count = "0"; return; }
-  const full = state.ids.length >= state.data.max_runs;
+  const full = wanted.length >= state.data.max_runs;
   status.textContent = full ? `${state.data.max_runs} runs are shown, the most a comparison holds: drop one to add another.`
     : body.runs.length ? "" : "No run matches.";
   for (const run of body.runs) {
@@ -209,7 +251,11 @@ async function search() {
     add.textContent = "Add";
     add.disabled = full;
     add.setAttribute("aria-label", `Add ${run.name} to the comparison`);
-    add.addEventListener("click", () => select([...state.ids, run.id]));
+    add.addEventListener("click", () => {
+      if (wanted.length >= state.data.max_runs) { status.textContent = `${state.data.max_runs} runs are shown, the most a comparison holds: drop one to add another.`; return; }
+      add.disabled = true; // on its way: the list is asked again once it is shown
+      select([...wanted, run.id]);
+    });
     const label = document.createElement("span");
     label.textContent = `${run.name} #${run.id} · ${run.status} · step ${run.last_step ?? 0} · ${run.project}`
       + (run.tags.length ? ` · ${run.tags.join(", ")}` : "");
@@ -317,7 +363,16 @@ function start() {
   for (const id of ["analysis-metric", "analysis-agg", "scatter-key"]) $(id).addEventListener("change", analysis);
   let resize = 0;
   window.addEventListener("resize", () => { clearTimeout(resize); resize = setTimeout(analysis, 200); });
-  reconcile();
+  // Without JavaScript the pick section is a GET form (compare.html): here it searches in place,
+  // and an Add button the server rendered into it adds in place too.
+  $("compare-pick-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const add = event.submitter?.name === "add" ? Number(event.submitter.value) : 0;
+    if (add) select([...wanted, add]);
+    else { clearTimeout(searchTimer); search(); }
+  });
+  wanted = state.data.runs.map((r) => r.id);
+  updating = catchUp(true);
   search();
 }
 

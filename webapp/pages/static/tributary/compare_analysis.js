@@ -69,9 +69,11 @@ export function drawScatter(fig, rows, key, label) {
   }
   const xAxis = axis.numeric ? { values: (u, vals) => vals.map(formatTick) } : { values: (u, vals) => vals.map((v) => (Number.isInteger(v) ? axis.cats[v] ?? "" : "")) };
   const pad = axis.numeric ? (axis.max - axis.min) * 0.05 : 0.5;
+  // No key on x (one run: no config key differs) has no category: the range stays [-0.5, 0.5]
+  // (an empty one, [-0.5, -0.5], threw "Invalid array length" in uPlot's ticks).
   fig.plot = new uPlot({
     width: Math.max(240, body.clientWidth || 400), height: 260, series,
-    scales: { x: { time: false, range: () => (axis.numeric ? [axis.min - pad, axis.max + pad] : [-pad, axis.cats.length - 1 + pad]) },
+    scales: { x: { time: false, range: () => (axis.numeric ? [axis.min - pad, axis.max + pad] : [-pad, Math.max(axis.cats.length - 1, 0) + pad]) },
       y: { range: (u, min, max) => (min === max ? [min - (Math.abs(min) * 0.1 || 1), max + (Math.abs(max) * 0.1 || 1)] : uPlot.rangeNum(min, max, 0.1, true)) } },
     axes: [{ label: key, ...xAxis }, { label, values: (u, vals) => vals.map(formatTick), size: 60 }],
     legend: { live: false }, cursor: { drag: { x: false, y: false } },
