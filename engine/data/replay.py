@@ -47,6 +47,46 @@ class StoredGroup:
     version: int
 
 
+def pack_rollout(row: Rollout) -> dict[str, Any]:
+    """A scored rollout as checkpoint JSON (its prompt stored by the caller): token ids and
+    log-probs packed exactly (int64, float64), reward, components and group."""
+    c = row.completion
+    return {
+        "token_ids": pack_array(c.token_ids, "<i8"),
+        "logprobs": pack_array(c.logprobs, "<f8"),
+        "text": c.text,
+        "finish_reason": c.finish_reason,
+        "policy_version": c.policy_version,
+        "segments": [[v, n] for v, n in c.segments],
+        "reward": row.reward,
+        "components": row.components,
+        "group": row.group,
+    }
+
+
+def unpack_rollout(saved: dict[str, Any], prompt: Prompt, what: str) -> Rollout:
+    """:func:`pack_rollout`'s row back, of ``prompt`` (checked by the caller, ``saved_prompt``);
+    ``what`` names the store in the error for a corrupt row."""
+    completion = Completion(
+        token_ids=unpack_array(saved["token_ids"], "<i8"),
+        logprobs=unpack_array(saved["logprobs"], "<f8"),
+        text=saved["text"],
+        finish_reason=saved["finish_reason"],
+        policy_version=int(saved["policy_version"]),
+        segments=[(int(v), int(n)) for v, n in saved["segments"]],
+    )
+    if len(completion.token_ids) != len(completion.logprobs):
+        raise ValueError(f"{what} for prompt {prompt.uid!r} is corrupt in the checkpoint")
+    return Rollout(
+        prompt=prompt,
+        prompt_ids=list(prompt.token_ids),  # what it was generated from (saved_prompt checked it)
+        completion=completion,
+        reward=float(saved["reward"]),
+        components={k: float(v) for k, v in saved["components"].items()},
+        group=saved["group"],
+    )
+
+
 class ReplayBuffer:
     def __init__(self, capacity: int, max_age: int) -> None:
         self.capacity = capacity
@@ -103,15 +143,7 @@ class ReplayBuffer:
                         {
                             "prompt_uid": r.prompt.uid,
                             "prompt_check": prompt_checksum(r.prompt),
-                            "token_ids": pack_array(r.completion.token_ids, "<i8"),
-                            "logprobs": pack_array(r.completion.logprobs, "<f8"),
-                            "text": r.completion.text,
-                            "finish_reason": r.completion.finish_reason,
-                            "policy_version": r.completion.policy_version,
-                            "segments": [[v, n] for v, n in r.completion.segments],
-                            "reward": r.reward,
-                            "components": r.components,
-                            "group": r.group,
+                            **pack_rollout(r),
                         }
                         for r in g.rows
                     ],
@@ -133,27 +165,6 @@ class ReplayBuffer:
             rows = []
             for r in saved["rows"]:
                 prompt = saved_prompt(by_uid, r, "a replay buffer group")
-                completion = Completion(
-                    token_ids=unpack_array(r["token_ids"], "<i8"),
-                    logprobs=unpack_array(r["logprobs"], "<f8"),
-                    text=r["text"],
-                    finish_reason=r["finish_reason"],
-                    policy_version=int(r["policy_version"]),
-                    segments=[(int(v), int(n)) for v, n in r["segments"]],
-                )
-                if len(completion.token_ids) != len(completion.logprobs):
-                    raise ValueError(
-                        f"a replay buffer group for prompt {prompt.uid!r} is corrupt in the checkpoint"
-                    )
-                rows.append(
-                    Rollout(
-                        prompt=prompt,
-                        prompt_ids=list(prompt.token_ids),  # what it was generated from (checked above)
-                        completion=completion,
-                        reward=float(r["reward"]),
-                        components={k: float(v) for k, v in r["components"].items()},
-                        group=r["group"],
-                    )
-                )
+                rows.append(unpack_rollout(r, prompt, "a replay buffer group"))
             groups.append(StoredGroup(tuple(rows), int(saved["version"])))
         self.groups = deque(groups[-self.capacity :], maxlen=self.capacity)

@@ -35,8 +35,8 @@ from typing import Any
 from engine.batch import Rollout
 from engine.config import RunConfig
 from engine.data.prompts import Prompt
-from engine.pipeline.partial import pack_array, prompt_checksum, saved_prompt, unpack_array
-from engine.rollout import Completion
+from engine.data.replay import pack_rollout, unpack_rollout
+from engine.pipeline.partial import prompt_checksum, saved_prompt
 
 BANK_FORMAT = 1
 
@@ -162,20 +162,7 @@ class SuccessBank:
                 {
                     "prompt_uid": uid,
                     "prompt_check": prompt_checksum(rows[0].prompt),
-                    "rows": [
-                        {
-                            "token_ids": pack_array(r.completion.token_ids, "<i8"),
-                            "logprobs": pack_array(r.completion.logprobs, "<f8"),
-                            "text": r.completion.text,
-                            "finish_reason": r.completion.finish_reason,
-                            "policy_version": r.completion.policy_version,
-                            "segments": [[v, n] for v, n in r.completion.segments],
-                            "reward": r.reward,
-                            "components": r.components,
-                            "group": r.group,
-                        }
-                        for r in rows
-                    ],
+                    "rows": [pack_rollout(r) for r in rows],
                 }
                 for uid, rows in self.entries.items()
             ],
@@ -192,30 +179,7 @@ class SuccessBank:
         by_uid = {p.uid: p for p in prompts}
         for saved in state["prompts"]:
             prompt = saved_prompt(by_uid, saved, "a stored success")
-            rows = []
-            for r in saved["rows"]:
-                completion = Completion(
-                    token_ids=unpack_array(r["token_ids"], "<i8"),
-                    logprobs=unpack_array(r["logprobs"], "<f8"),
-                    text=r["text"],
-                    finish_reason=r["finish_reason"],
-                    policy_version=int(r["policy_version"]),
-                    segments=[(int(v), int(n)) for v, n in r["segments"]],
-                )
-                if len(completion.token_ids) != len(completion.logprobs):
-                    raise ValueError(
-                        f"a stored success for prompt {prompt.uid!r} is corrupt in the checkpoint"
-                    )
-                rows.append(
-                    Rollout(
-                        prompt=prompt,
-                        prompt_ids=list(prompt.token_ids),
-                        completion=completion,
-                        reward=float(r["reward"]),
-                        components={k: float(v) for k, v in r["components"].items()},
-                        group=r["group"],
-                    )
-                )
+            rows = [unpack_rollout(r, prompt, "a stored success") for r in saved["rows"]]
             self.entries[prompt.uid] = tuple(rows[-self.per_prompt :])
         while len(self.entries) > self.max_prompts:
             self.entries.popitem(last=False)
