@@ -8,7 +8,6 @@ Used by tests/e2e/test_browser.py and bench/ui.py.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,23 +90,14 @@ def no_errors(console: Console) -> None:
 def prepare_site(root: Path, **settings: str) -> Site:
     """Migrated database, users, team and project; no process started yet."""
     d = Deployment(root, **settings)
-    ids = d.setup()
-    out = d.manage(
-        "shell",
-        "-c",
-        "import json\n"
-        "from django.contrib.auth import get_user_model\n"
-        "from webapp.teams.models import Project\n"
+    ids = d.setup(
         "from webapp.teams.services import set_role\n"
-        "User = get_user_model()\n"
-        f"project = Project.objects.get(pk={ids['project']})\n"
-        "admin = User.objects.get(username='e2e')\n"
-        f"admin.set_password({PASSWORD!r}); admin.save()\n"
-        f"viewer = User.objects.create_user('viewer', password={PASSWORD!r})\n"
-        "set_role(project.team, viewer, 'viewer')\n"
-        "print(json.dumps({'team': project.team_id}))\n",
+        f"user.set_password({PASSWORD!r}); user.save()\n"
+        f"viewer = get_user_model().objects.create_user('viewer', password={PASSWORD!r})\n"
+        "set_role(team, viewer, 'viewer')\n"
+        "out['team'] = team.pk\n"
     )
-    team = json.loads(out.strip().splitlines()[-1])["team"]
+    team = ids["team"]
     return Site(d, ids["project"], team, {"e2e": PASSWORD, "viewer": PASSWORD})
 
 

@@ -47,6 +47,37 @@ def wait_until(check: Callable[[], Any], what: str, timeout: float = WAIT, every
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+_MIGRATED: list[Path] = []
+_MIGRATED_LOCK = threading.Lock()
+
+
+def migrated_sqlite() -> Path:
+    """A SQLite database ``manage.py migrate`` made in this test process, once (the first
+    deployment's ``setup`` pays for it): every later deployment starts from a copy. The schema
+    and what migrations insert (content types, permissions) depend on the code alone: no
+    migration reads a setting but ``AUTH_USER_MODEL``, which no deployment changes, so a copy is
+    the database a migrate of its own would make. A data directory of its own, outside every
+    test's, keeps it from being written to."""
+    with _MIGRATED_LOCK:
+        if not _MIGRATED:
+            import atexit
+            import shutil
+            import tempfile
+
+            root = Path(tempfile.mkdtemp(prefix="tributary-migrated-"))
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            Deployment(root).manage("migrate", "--verbosity", "0")
+            _MIGRATED.append(root / "data" / "tributary.sqlite3")
+        return _MIGRATED[0]
+
+
+def copy_sqlite(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` through SQLite's backup API (consistent whatever its
+    journal mode; the settings put every connection in WAL mode again)."""
+    with contextlib.closing(sqlite3.connect(source)) as src, contextlib.closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
 class Deployment:
     """One data directory, one web port; web and worker processes started and killed at will."""
 
@@ -75,9 +106,22 @@ class Deployment:
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
-    def setup(self) -> dict[str, int]:
-        """Migrate; a user with an API token, admin of a team with one project."""
-        self.manage("migrate", "--verbosity", "0")
+    def migrate(self) -> None:
+        """The database migrated: on SQLite, a copy of the one this test process migrated first
+        (``migrated_sqlite``); on PostgreSQL (``DATABASE_URL`` set), ``manage.py migrate``."""
+        target = self.data / "tributary.sqlite3"
+        if self.env.get("DATABASE_URL") or target.exists():
+            self.manage("migrate", "--verbosity", "0")
+            return
+        self.data.mkdir(parents=True, exist_ok=True)
+        copy_sqlite(migrated_sqlite(), target)
+
+    def setup(self, then: str = "") -> dict[str, int]:
+        """Migrate; a user with an API token, admin of a team with one project. ``then``: more
+        Python for the same ``manage.py shell`` (one Django start-up fewer than a shell of its
+        own), with ``user``, ``team`` and ``project`` at hand; what it puts in the dict ``out``
+        is returned with the project's id."""
+        self.migrate()
         out = self.manage(
             "shell",
             "-c",
@@ -90,7 +134,9 @@ class Deployment:
             "team = create_team('E2E', user)\n"
             "project = Project.objects.create(team=team, name='Faults', slug='faults')\n"
             "_, plain = ApiToken.issue(user, 'e2e')\n"
-            "print(json.dumps({'project': project.pk, 'token': plain}))\n",
+            "out = {'project': project.pk, 'token': plain}\n"
+            f"{then}\n"
+            "print(json.dumps(out))\n",
         )
         ids = json.loads(out.strip().splitlines()[-1])
         self.api_token = ids.pop("token")

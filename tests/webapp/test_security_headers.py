@@ -181,13 +181,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Depl
     }
     try:
         for d in deployments.values():
-            d.setup()
-            d.manage(
-                "shell",
-                "-c",
-                "from django.contrib.auth import get_user_model\n"
-                "u = get_user_model().objects.get(username='e2e'); u.set_password('pass phrase 42'); u.save()\n",
-            )
+            d.setup("user.set_password('pass phrase 42'); user.save()")
             d.start_web()
         yield deployments
     finally:
