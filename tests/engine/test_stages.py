@@ -17,8 +17,7 @@ from engine.data.stages import StagedRewards, StagedSelector, load_stages, previ
 from engine.pipeline.stages import forgetting
 from engine.rewards import RewardInput
 from engine.run import execute
-
-NONDETERMINISTIC = ("timing_s/", "perf/", "system/")
+from tests.engine.test_run import metrics_by_step, read_events
 
 
 def staged(total: int = 4, **over: object) -> dict:
@@ -67,9 +66,15 @@ def test_stage_config_inherits_and_overrides_data() -> None:
             ["data.stages[1].name", "own name"],
         ),
         ({"data": {"stages": [{"name": "a", "steps": 3}]}}, ["add up to 3", "set trainer.total_steps to 3"]),
-        ({"data": {"stages": [{"name": "a", "steps": 4, "source": "jsonl"}]}}, ["data.stages[0]", "data.path"]),
+        (
+            {"data": {"stages": [{"name": "a", "steps": 4, "source": "jsonl"}]}},
+            ["data.stages[0]", "data.path"],
+        ),
         ({"data": {"stages": [{"name": "a", "steps": 0}]}}, ["data.stages.0.steps"]),
-        ({"replay": {"previous_stages": 0.5}, "data": {"stages": []}}, ["replay.previous_stages", "data.stages is empty"]),
+        (
+            {"replay": {"previous_stages": 0.5}, "data": {"stages": []}},
+            ["replay.previous_stages", "data.stages is empty"],
+        ),
         ({"replay": {"previous_stages": 0.05}}, ["replay.previous_stages", "rounds to 0"]),
         ({"replay": {"previous_stages": 0.9}}, ["replay.previous_stages", "rounds to 4"]),
         ({"async": {"max_staleness": 1, "partial_rollouts": True}}, ["async.partial_rollouts"]),
@@ -169,7 +174,9 @@ def test_the_selector_state_resumes_exactly_across_a_boundary(selection: str) ->
     resumed.load_state_dict(state)
     for step in range(4, 7):
         assert step_of(resumed, step) == drawn[step - 1]
-    assert len(resumed.stats) == len(straight.stats) and resumed.stats.get(drawn[5][0]) == straight.stats.get(drawn[5][0])
+    assert len(resumed.stats) == len(straight.stats) and resumed.stats.get(drawn[5][0]) == straight.stats.get(
+        drawn[5][0]
+    )
     other = RunConfig.model_validate(staged())
     with pytest.raises(ValueError, match=r"same data\.stages"):
         StagedSelector(other, load_stages(other, None)).load_state_dict(state)
@@ -218,18 +225,6 @@ def run_config(model_dir: Path, out: Path, **extra: dict) -> RunConfig:
     return build_config(raw)
 
 
-def read_events(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def metrics_by_step(events: list[dict]) -> dict[int, dict[str, float]]:
-    return {
-        e["step"]: {k: v for k, v in e["values"].items() if not k.startswith(NONDETERMINISTIC)}
-        for e in events
-        if e["type"] == "metrics"
-    }
-
-
 def test_a_staged_run_switches_evaluates_every_stage_seen_and_resumes_exactly(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -238,7 +233,9 @@ def test_a_staged_run_switches_evaluates_every_stage_seen_and_resumes_exactly(
     metrics = metrics_by_step(events)
     assert [metrics[s]["data/stage"] for s in (1, 2, 3, 4)] == [0, 0, 1, 1]
     # Eval points: before training, each stage's last step (2, 4) and eval_every (3): the stages seen.
-    evaluated = {s: sorted(k for k in m if k.endswith("/accuracy") and k.count("/") == 2) for s, m in metrics.items()}
+    evaluated = {
+        s: sorted(k for k in m if k.endswith("/accuracy") and k.count("/") == 2) for s, m in metrics.items()
+    }
     assert evaluated == {
         0: ["eval/add/accuracy"],
         1: [],
@@ -248,7 +245,9 @@ def test_a_staged_run_switches_evaluates_every_stage_seen_and_resumes_exactly(
     }
     for s in (3, 4):  # the run's eval/accuracy is the mean over the stages evaluated
         m = metrics[s]
-        assert m["eval/accuracy"] == pytest.approx((m["eval/add/accuracy"] + m["eval/count-down/accuracy"]) / 2)
+        assert m["eval/accuracy"] == pytest.approx(
+            (m["eval/add/accuracy"] + m["eval/count-down/accuracy"]) / 2
+        )
         best = max(metrics[t]["eval/add/accuracy"] for t in (0, 2, 3, 4) if t <= s)
         assert m["forgetting/add"] == pytest.approx(best - m["eval/add/accuracy"])
         assert m["forgetting/mean"] == m["forgetting/add"]
@@ -274,7 +273,9 @@ def prompts(log: list[dict]) -> dict[int, list[str]]:
     return {e["step"]: [i["extra"]["prompt_uid"] for i in e["items"]] for e in log if e["type"] == "samples"}
 
 
-def test_an_asynchronous_staged_run_switches_on_time_and_resumes_exactly(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_an_asynchronous_staged_run_switches_on_time_and_resumes_exactly(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """The producer thread draws a step ahead: the stage is the step's, not the trainer's."""
     overlap = {"async": {"max_staleness": 1}}
     assert execute(run_config(tiny_model_dir, tmp_path / "a", **overlap)) == EXIT_SUCCEEDED
@@ -293,7 +294,11 @@ def test_an_asynchronous_staged_run_switches_on_time_and_resumes_exactly(tiny_mo
     assert {s: p for s, p in prompts(events).items() if s > 2} == prompts(resumed)
     again = metrics_by_step(resumed)
     assert [again[s]["data/stage"] for s in (3, 4)] == [1, 1]
-    assert sorted(k for k in again[4] if k.startswith("forgetting/")) == ["forgetting/add", "forgetting/count-down", "forgetting/mean"]
+    assert sorted(k for k in again[4] if k.startswith("forgetting/")) == [
+        "forgetting/add",
+        "forgetting/count-down",
+        "forgetting/mean",
+    ]
 
 
 def test_the_kl_reference_moves_to_the_policy_at_each_stage_start_and_resumes_exactly(
