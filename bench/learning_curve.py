@@ -15,14 +15,12 @@ Target (issue "Engine"): +20 points of eval accuracy within 5 minutes on 2 cores
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
-import time
+import sys
 from pathlib import Path
 
-from engine.config import load_config
-from engine.models.starter import starter_policy
-from engine.run import execute
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.engine_run import build_starter, run_preset
 
 
 def main() -> None:
@@ -33,28 +31,9 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
 
-    t0 = time.perf_counter()
-    starter_policy("arithmetic", 1)  # built once and cached; not part of the RL time
-    build_s = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory() as tmp:
-        events = Path(tmp) / "events.jsonl"
-        cfg = load_config(
-            args.preset,
-            [
-                f"trainer.total_steps={args.steps}",
-                f"trainer.eval_every={args.eval_every}",
-                f"output_dir={tmp}/run",
-                "checkpoint.every_steps=0",
-                "checkpoint.save_final=false",
-                "logging.progress=off",
-                *args.overrides,
-            ],
-        )
-        t0 = time.perf_counter()
-        code = execute(cfg, events=str(events))
-        rl_s = time.perf_counter() - t0
-        rows = [json.loads(line) for line in events.read_text().splitlines()]
-    metrics = {e["step"]: e["values"] for e in rows if e["type"] == "metrics"}
+    build_s = build_starter("arithmetic", 1)  # built once and cached; not part of the RL time
+    run = run_preset(args.preset, args.steps, args.eval_every, args.overrides)
+    cfg, code, rl_s, metrics = run.cfg, run.code, run.wall_s, run.metrics
     evals = {s: m["eval/accuracy"] for s, m in metrics.items() if "eval/accuracy" in m}
     first, last = evals[min(evals)], evals[max(evals)]
     steps = sorted(s for s in metrics if s > 0)
