@@ -45,9 +45,9 @@ class ReplayConfig(Section):
         ge=0.0,
         lt=1.0,
         title="Replay of earlier stages",
-        description="With data.stages: the share of each batch's prompts drawn from the earlier stages' training "
-        "prompts (round(share x prompts drawn), spread evenly over the earlier stages), a guard against "
-        "forgetting them (general replay: RECAP arXiv:2510.21978, GeRe arXiv:2508.04676). 0 = off; the first "
+        description="With data.stages: the share of each step's prompts drawn from the earlier stages' training "
+        "prompts (round(share x prompts per step), spread evenly over the earlier stages; the step's further "
+        "dynamic-sampling rounds draw from the current stage only), a guard against forgetting them (general replay: RECAP arXiv:2510.21978, GeRe arXiv:2508.04676). 0 = off; the first "
         "stage has nothing to replay.",
     )
 

@@ -134,6 +134,7 @@ class StagedSelector(PromptSelector):
         self.replay_draws = 0  # batches that drew from earlier stages: the rotation of the remainder
         self._drawn = 0
         self._replayed = 0
+        self._mixed = False  # this step's earlier-stage prompts were drawn (its first batch)
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -145,6 +146,7 @@ class StagedSelector(PromptSelector):
     def begin_step(self, step: int) -> None:
         """The stage of step ``step`` draws the batches from now on."""
         self.current = stage_at(self._configs, step)
+        self._mixed = False
 
     def replayed_count(self, k: int) -> int:
         """Prompts of a k-prompt batch drawn from earlier stages (none in the first stage; never all k)."""
@@ -153,7 +155,12 @@ class StagedSelector(PromptSelector):
         return max(0, min(k - 1, round(self.fraction * k)))
 
     def next_batch(self, k: int) -> list[Prompt]:
-        m = self.replayed_count(k)
+        """``k`` prompts: with ``replay.previous_stages``, the step's first batch mixes in earlier
+        stages' prompts; the batches dynamic sampling draws again in the same step come from the
+        current stage only. (Mixing into every round let the earlier stages' groups, which pass
+        the filter more often than a new stage's, fill the whole trained batch.)"""
+        m = 0 if self._mixed else self.replayed_count(k)
+        self._mixed = True
         batch = self.selectors[self.current].next_batch(k - m)
         if m:
             shares = previous_shares(m, self.current, self.replay_draws % self.current)

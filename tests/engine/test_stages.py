@@ -148,6 +148,21 @@ def test_the_stage_switches_at_its_first_step_and_the_replayed_fraction_is_exact
         selector.observe("elsewhere/x", [1.0], 3)
 
 
+def test_only_the_first_draw_of_a_step_mixes_in_earlier_stages() -> None:
+    """Dynamic sampling draws again within a step when groups are filtered out: those rounds come from
+    the current stage alone. Mixing into each of them let the earlier stages' groups, which pass the
+    filter more often than a new stage's, make up the whole trained batch (seen in
+    bench/data_efficiency.py: stage 2 trained on arithmetic only)."""
+    cfg = three_stages(previous_stages=0.5)
+    selector = StagedSelector(cfg, load_stages(cfg, None))
+    selector.begin_step(3)  # stage 2
+    rounds = [Counter(p.uid.split("/")[0] for p in selector.next_batch(4)) for _ in range(3)]
+    assert rounds == [{"count-down": 2, "add": 2}, {"count-down": 4}, {"count-down": 4}]
+    assert selector.metrics()["replay/previous_stages_fraction"] == 2 / 12
+    selector.begin_step(4)  # the next step mixes again
+    assert Counter(p.uid.split("/")[0] for p in selector.next_batch(4)) == {"count-down": 2, "add": 2}
+
+
 @pytest.mark.parametrize("selection", ["uniform", "difficulty_targeted"])
 def test_the_selector_state_resumes_exactly_across_a_boundary(selection: str) -> None:
     """With a weighted selection the draws depend on the prompt statistics, which each stage keeps."""
