@@ -5,8 +5,9 @@ The Triton kernels (:mod:`kernels.triton_logprob`) are imported on demand by
 """
 
 from kernels.logprob import (
-    DEFAULT_CHUNK_SIZE,
+    CHUNK_BYTES,
     IMPLEMENTATIONS,
+    auto_chunk_size,
     fused_logprobs_entropy,
     logprobs_from_hidden,
     naive_logprobs_entropy,
@@ -14,8 +15,9 @@ from kernels.logprob import (
 )
 
 __all__ = [
-    "DEFAULT_CHUNK_SIZE",
+    "CHUNK_BYTES",
     "IMPLEMENTATIONS",
+    "auto_chunk_size",
     "fused_logprobs_entropy",
     "logprobs_from_hidden",
     "naive_logprobs_entropy",

@@ -18,6 +18,13 @@ float32 numbers per token (``lse`` and ``H``); the backward pass recomputes each
 accumulates the gradients. That costs one extra ``[N, H] x [H, V]`` matmul (four instead of three),
 which is paid back by never touching ``N * V``-sized tensors in memory.
 
+Memory discipline (what the peak of a forward+backward holds, float32): ``weight.grad`` (``V H``) and
+``hidden.grad`` (``N H``), which any implementation must return, plus one ``[chunk, V]`` logits block
+(the matmul's output, then overwritten in place by ``log p`` and ``g_z``) and one ``[chunk / 4, V]`` block
+for ``exp``; ``grad_weight`` is accumulated in place (``addmm_``), never summed from
+per-chunk copies. The chunk defaults to a fixed byte budget (:func:`auto_chunk_size`), so the
+block does not grow with the vocabulary. Nothing ``V``-sized is saved for backward.
+
 Gradients, per token (rows of the chunk), with ``g_logp`` and ``g_H`` the upstream gradients::
 
     d logp_n / d z_nj = 1[j = y_n] - p_nj
@@ -37,21 +44,37 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 __all__ = [
-    "DEFAULT_CHUNK_SIZE",
+    "CHUNK_BYTES",
     "IMPLEMENTATIONS",
     "LogprobsEntropyFunction",
+    "auto_chunk_size",
     "check_inputs",
     "fused_logprobs_entropy",
     "logprobs_from_hidden",
     "naive_logprobs_entropy",
     "resolve_impl",
+    "sub_block_rows",
 ]
 
-# Tuned with bench/logprob_kernel.py (float32 CPU, 4096 tokens, hidden 896): the time is flat within
-# noise from 512 to 2048 (about 1.1-1.2x naive), while the memory saving shrinks as the chunk grows
-# (at vocab 32k: 8.5x at 512, 6x at 1024, 3.8x at 2048; at 151k: 6.7x at 1024). 1024 also keeps
-# the matmuls large enough for a GPU.
-DEFAULT_CHUNK_SIZE = 1024
+# Bytes of the one ``[chunk, V]`` logits block a chunk holds (see auto_chunk_size). With the input
+# gradients it sets the fused step's peak: at 4096 tokens, hidden 896, float32, weight.grad + hidden.grad
+# are 123 MiB (V = 32k) and 533 MiB (V = 151,936), and 64 MiB of logits adds half of that floor at 32k
+# (at 151k MIN_CHUNK_TOKENS sets the block: 297 MiB).
+CHUNK_BYTES = 64 * 1024 * 1024
+
+# Fewest tokens per chunk, whatever CHUNK_BYTES says: every chunk reads and writes all of the
+# [V, H] float32 grad_weight once (addmm_), 8 V H bytes for 2 chunk V H flops, i.e. chunk / 4 flops
+# per byte; at small chunks that traffic, not the arithmetic, sets the backward's time on a CPU (and
+# the forward's matmul reads all of W per chunk, chunk / 2 flops per byte). Measured at V = 151,936
+# (bench/logprob_kernel.py, 2 loaded cores): 256 tokens took 1.39x naive, 1024 tokens 1.18x.
+MIN_CHUNK_TOKENS = 512
+
+# The element-wise passes (exp, products, sums) need a second buffer next to the logits block (for
+# exp(z - m) in forward, p in backward); they walk the chunk in this many row sub-blocks so that the
+# buffer is a quarter of the logits block. More, smaller sub-blocks would save memory but cost one
+# torch call (an OpenMP region) per pass per sub-block: on a loaded 2-core machine each region waits
+# for its threads to be scheduled, and 1 MiB sub-blocks (8 rows at 32k) made the step 2.2x naive.
+SUB_BLOCKS_PER_CHUNK = 4
 
 # "auto": the Triton kernels on CUDA tensors when triton imports, else "fused" (see resolve_impl).
 IMPLEMENTATIONS = ("auto", "fused", "naive", "triton")
@@ -62,13 +85,23 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _new_workspace(rows: int, vocab: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Two ``[rows, V]`` buffers reused by every chunk of one forward or backward call.
+def auto_chunk_size(vocab: int, dtype: torch.dtype = torch.float32) -> int:
+    """Tokens per chunk such that one ``[chunk, V]`` block of ``dtype`` logits is about
+    :data:`CHUNK_BYTES`, and at least :data:`MIN_CHUNK_TOKENS`.
 
-    Reusing them (instead of fresh tensors per chunk) keeps the peak at two blocks even when the
-    allocator would free late, and avoids re-faulting fresh pages for every chunk on CPU.
+    The logits block is the only large ``V``-sized buffer of a chunk, so this fixes its bytes whatever
+    the vocabulary, down to :data:`MIN_CHUNK_TOKENS`: 524 tokens (64 MiB) at ``V = 32_000`` and 512
+    (297 MiB) at ``V = 151_936`` in float32. A fixed token count would let the block grow with ``V``
+    (1024 tokens: 125 MiB at 32k, 594 MiB at 151k).
     """
-    return torch.empty((2, rows, vocab), dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=_compute_dtype(dtype)).element_size()
+    return max(MIN_CHUNK_TOKENS, CHUNK_BYTES // (max(vocab, 1) * itemsize))
+
+
+def sub_block_rows(rows: int) -> int:
+    """Rows per sub-block of the element-wise passes over a ``rows``-token chunk (see
+    :data:`SUB_BLOCKS_PER_CHUNK`)."""
+    return max(1, -(-rows // SUB_BLOCKS_PER_CHUNK))
 
 
 def _chunk_logits(
@@ -91,7 +124,12 @@ def _chunk_logits(
 
 
 def check_inputs(
-    hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None, temperature: float, chunk_size: int
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    bias: Tensor | None,
+    temperature: float,
+    chunk_size: int | None,
 ) -> None:
     """Refuse bad shapes, dtypes, temperature or chunk size with a message naming them; every
     implementation (fused, naive, Triton) checks with this, so each refuses the same input the same way."""
@@ -107,8 +145,8 @@ def check_inputs(
         raise ValueError(f"hidden and weight must share a dtype, got {hidden.dtype} and {weight.dtype}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 (or None: sized from the vocabulary), got {chunk_size}")
 
 
 def _chunked_forward(
@@ -118,35 +156,46 @@ def _chunked_forward(
     bias: Tensor | None,
     temperature: float,
     compute_entropy: bool,
-    chunk_size: int,
+    chunk_size: int | None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Return ``(logprobs, lse, entropy or None)``, each ``[N]``, one ``[chunk, V]`` block at a time.
 
-    Per block, with ``m = max_j z_j``, ``e_j = exp(z_j - m)`` and ``s = sum_j e_j``::
+    Per row, with ``m = max_j z_j``, ``e_j = exp(z_j - m)`` and ``s = sum_j e_j``::
 
         lse = m + log s,   logp_y = z_y - lse,   H = log s - sum_j e_j (z_j - m) / s
+
+    Buffers: one ``[chunk, V]`` block for the logits (the matmul's output, shifted in place) and one
+    ``[sub, V]`` block (:func:`sub_block_rows`) for ``e`` and ``e (z - m)``, reused by every chunk.
     """
-    n = hidden.shape[0]
+    n, vocab = hidden.shape[0], weight.shape[0]
     dtype = _compute_dtype(hidden.dtype)
+    chunk_size = chunk_size or auto_chunk_size(vocab, hidden.dtype)
     logprobs = torch.empty(n, dtype=dtype, device=hidden.device)
     lse = torch.empty(n, dtype=dtype, device=hidden.device)
     entropy = torch.empty(n, dtype=dtype, device=hidden.device) if compute_entropy else None
-    workspace = _new_workspace(min(chunk_size, n), weight.shape[0], dtype, hidden.device)
+    if n == 0:
+        return logprobs, lse, entropy
+    rows = min(chunk_size, n)
+    sub = sub_block_rows(rows)
+    logits_buf = torch.empty((rows, vocab), dtype=dtype, device=hidden.device)
+    exp_buf = torch.empty((sub, vocab), dtype=dtype, device=hidden.device)
     for start in range(0, n, chunk_size):
         end = min(start + chunk_size, n)
-        logits, exp_buf = workspace[:, : end - start]
-        _chunk_logits(hidden[start:end], weight, bias, temperature, out=logits)
+        logits = _chunk_logits(hidden[start:end], weight, bias, temperature, out=logits_buf[: end - start])
         label_logits = logits.gather(1, labels[start:end, None]).squeeze(1)
-        row_max = logits.amax(dim=-1)
-        shifted = logits.sub_(row_max[:, None])
-        exp_shifted = torch.exp(shifted, out=exp_buf)
-        sum_exp = exp_shifted.sum(dim=-1)
-        log_sum = sum_exp.log()
-        lse[start:end] = row_max + log_sum
+        for lo in range(0, end - start, sub):
+            hi = min(lo + sub, end - start)
+            shifted = logits[lo:hi]
+            row_max = shifted.amax(dim=-1)
+            shifted -= row_max[:, None]
+            exp_shifted = torch.exp(shifted, out=exp_buf[: hi - lo])
+            sum_exp = exp_shifted.sum(dim=-1)
+            log_sum = sum_exp.log()
+            lse[start + lo : start + hi] = row_max + log_sum
+            if entropy is not None:
+                # sum_j e_j (z_j - m), the product formed in place in exp_buf
+                entropy[start + lo : start + hi] = log_sum - exp_shifted.mul_(shifted).sum(dim=-1) / sum_exp
         logprobs[start:end] = label_logits - lse[start:end]
-        if entropy is not None:
-            # sum_j e_j (z_j - m), with the product formed in place in exp_buf
-            entropy[start:end] = log_sum - exp_shifted.mul_(shifted).sum(dim=-1) / sum_exp
     return logprobs, lse, entropy
 
 
@@ -246,41 +295,52 @@ class _FusedLogprobsEntropy(LogprobsEntropyFunction):
     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         hidden, weight, labels, bias, lse, entropy = saved
         need_hidden, need_weight, _, need_bias = ctx.needs_input_grad[:4]
-        n, chunk_size, temperature = hidden.shape[0], ctx.tiling, ctx.temperature
+        n, vocab, temperature = hidden.shape[0], weight.shape[0], ctx.temperature
+        chunk_size = ctx.tiling or auto_chunk_size(vocab, hidden.dtype)
         dtype = lse.dtype  # float32, or float64 for float64 inputs
 
         grad_hidden = (
             torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_hidden else None
         )
-        # Accumulate over chunks in float32 even for bf16 weights; cast once at the end.
+        # Accumulated in place over the chunks (addmm_), in float32 even for bf16 weights; cast once
+        # at the end. For float32 weights this buffer *is* the returned gradient: no per-chunk copy.
         grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(weight.shape[0], dtype=dtype, device=weight.device) if need_bias else None
-        workspace = _new_workspace(min(chunk_size, n), weight.shape[0], dtype, hidden.device)
+        grad_bias = torch.zeros(vocab, dtype=dtype, device=weight.device) if need_bias else None
+        if n == 0:
+            return grad_hidden, grad_weight, grad_bias
+        rows = min(chunk_size, n)
+        sub = sub_block_rows(rows)
+        logits_buf = torch.empty((rows, vocab), dtype=dtype, device=hidden.device)
+        p_buf = torch.empty((sub, vocab), dtype=dtype, device=hidden.device)
+        # g_logp and g_H come pre-divided by T (z = raw / T); [N, 1] columns, O(N) memory.
+        g_logp = grad_logprobs.to(dtype)[:, None] / temperature if grad_logprobs is not None else None
+        g_h = grad_entropy.to(dtype)[:, None] / temperature if grad_entropy is not None else None
+        if g_h is not None:
+            # grad_z = g_logp * (onehot(y) - p) - g_H * p * (log p + H)
+            #        = p * (-g_H * log p - (g_H * H + g_logp)) + g_logp * onehot(y)
+            offset = g_h * entropy[:, None]
+            if g_logp is not None:
+                offset += g_logp
+            neg_g_h = -g_h
+        else:
+            neg_g_logp = -g_logp
 
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
-            logits_buf, p_buf = workspace[:, : end - start]
             hidden_chunk = hidden[start:end]
-            log_p = _chunk_logits(hidden_chunk, weight, bias, temperature, out=logits_buf)
-            log_p -= lse[start:end, None]
-            p = torch.exp(log_p, out=p_buf)
-
-            # grad_z = g_logp * (onehot(y) - p) - g_H * p * (log p + H)
-            #        = p * (-g_H * log p - (g_H * H + g_logp)) + g_logp * onehot(y),
-            # built in place in four passes; g_logp and g_H come pre-divided by T (z = raw / T).
-            g_logp = (
-                grad_logprobs[start:end, None].to(dtype) / temperature if grad_logprobs is not None else None
-            )
-            if grad_entropy is not None:
-                g_h = grad_entropy[start:end, None].to(dtype) / temperature
-                offset = g_h * entropy[start:end, None]
-                if g_logp is not None:
-                    offset += g_logp
-                grad_z = log_p.mul_(-g_h).sub_(offset).mul_(p)
-            else:
-                grad_z = p.mul_(-g_logp)
+            grad_z = _chunk_logits(hidden_chunk, weight, bias, temperature, out=logits_buf[: end - start])
+            # grad_z overwrites the logits block in place, one sub-block of rows at a time
+            for lo in range(start, end, sub):
+                hi = min(lo + sub, end)
+                log_p = grad_z[lo - start : hi - start]
+                log_p -= lse[lo:hi, None]
+                p = torch.exp(log_p, out=p_buf[: hi - lo])
+                if g_h is not None:
+                    log_p.mul_(neg_g_h[lo:hi]).sub_(offset[lo:hi]).mul_(p)
+                else:
+                    torch.mul(p, neg_g_logp[lo:hi], out=log_p)
             if g_logp is not None:
-                grad_z.scatter_add_(1, labels[start:end, None], g_logp)
+                grad_z.scatter_add_(1, labels[start:end, None], g_logp[start:end])
 
             grad_z_lowp = grad_z.to(weight.dtype)  # no copy unless the inputs are bf16/fp16
             if grad_hidden is not None:
@@ -292,6 +352,7 @@ class _FusedLogprobsEntropy(LogprobsEntropyFunction):
                     grad_weight += grad_z_lowp.T @ hidden_chunk
             if grad_bias is not None:
                 grad_bias += grad_z.sum(dim=0)
+            del grad_z_lowp
 
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
@@ -306,7 +367,7 @@ def fused_logprobs_entropy(
     labels: Tensor,
     *,
     temperature: float = 1.0,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     compute_entropy: bool = True,
     bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
@@ -317,7 +378,9 @@ def fused_logprobs_entropy(
         weight: ``[V, H]`` LM-head weight, same dtype as ``hidden``.
         labels: ``[N]`` int64 token ids. Every position is scored; mask ignored ones in the caller.
         temperature: sampling temperature the logits are divided by.
-        chunk_size: tokens per block; peak extra memory is about ``2 * chunk_size * V * 4`` bytes.
+        chunk_size: tokens per block, or None (default) for :func:`auto_chunk_size` of ``V`` (a
+            :data:`CHUNK_BYTES` logits block). Extra memory beyond the gradients is about
+            ``1.25 * chunk_size * V * 4`` bytes (the logits block and a quarter-size sub-block buffer).
         compute_entropy: if False, skip the entropy (saves one pass over each block) and return None.
         bias: optional ``[V]`` LM-head bias.
 
@@ -390,7 +453,7 @@ def logprobs_from_hidden(
     labels: Tensor,
     *,
     temperature: float = 1.0,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     compute_entropy: bool = True,
     impl: str = "auto",
     bias: Tensor | None = None,

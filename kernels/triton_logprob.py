@@ -69,7 +69,7 @@ from torch.autograd.function import FunctionCtx
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-from kernels.logprob import DEFAULT_CHUNK_SIZE, LogprobsEntropyFunction, check_inputs
+from kernels.logprob import LogprobsEntropyFunction, check_inputs
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -496,7 +496,7 @@ def triton_logprobs_entropy(
     labels: Tensor,
     *,
     temperature: float = 1.0,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     compute_entropy: bool = True,
     bias: Tensor | None = None,
     blocks: TritonBlocks | None = None,

@@ -94,7 +94,14 @@ class TrainerConfig(Section):
         description="'fused' (torch, chunked) and 'triton' (GPU kernels) never hold the full [tokens x vocab] "
         "logits; 'auto' uses 'triton' on CUDA when triton is installed, else 'fused'; 'naive' is the reference.",
     )
-    logprob_chunk_size: int = Field(1024, ge=1, title="Kernel chunk (tokens)")
+    logprob_chunk_size: int | None = Field(
+        None,
+        ge=1,
+        title="Kernel chunk (tokens)",
+        description="Tokens per chunk of the 'fused' and 'triton' kernels; empty = sized from the vocabulary "
+        "(about 64 MiB of logits per chunk, at least 512 tokens: kernels/logprob.py auto_chunk_size), so the "
+        "peak does not grow with the vocabulary.",
+    )
     shared_prompt: bool = Field(
         True,
         title="Shared-prompt forward",
