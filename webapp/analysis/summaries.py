@@ -55,34 +55,51 @@ def _folded(points: Iterable[Point], stored: dict[str, int]) -> dict[tuple[int, 
     return out
 
 
-def record(points: Sequence[Point]) -> None:
+def record(points: Sequence[Point], *, steps_to: int | None = None) -> None:
     """Fold ``points`` (a batch as ingest stores them) into the summaries: one statement per
-    500 metric names of the batch (a batch of one run's steps has tens)."""
+    500 metric names of the batch (a batch of one run's steps has tens).
+
+    ``steps_to``: a step no stored summary of the run is past (ingest passes the run's last step,
+    which every counted point moved and a rewind lowers only after ``rebuild``). When every point
+    is after it, no stored ``last_step`` can skip one, and reading them is saved (issue 19)."""
     if not points:
         return
     run_ids = {point[0] for point in points}
     assert len(run_ids) == 1, "a batch is one run's"
     names = {point[1] for point in points}
-    stored = dict(
-        MetricSummary.objects.filter(run_id=run_ids.pop(), name__in=names).values_list("name", "last_step")
-    )
+    if steps_to is not None and min(point[2] for point in points) > steps_to:
+        stored: dict[str, int] = {}
+    else:
+        summaries = MetricSummary.objects.filter(run_id=run_ids.pop(), name__in=names)
+        stored = dict(summaries.values_list("name", "last_step"))
     folded = _folded(points, stored)
     if not folded:
         return
     table = connection.ops.quote_name(MetricSummary._meta.db_table)
     least, greatest = ("LEAST", "GREATEST") if connection.vendor == "postgresql" else ("MIN", "MAX")
     rows = [(run_id, name, *values[:5]) for (run_id, name), values in folded.items()]
+    merge = (
+        "ON CONFLICT (run_id, name) DO UPDATE SET "
+        "last = CASE WHEN excluded.last_step > s.last_step THEN excluded.last ELSE s.last END, "
+        f"last_step = {greatest}(s.last_step, excluded.last_step), "
+        f"min = {least}(s.min, excluded.min), max = {greatest}(s.max, excluded.max), "
+        "count = s.count + excluded.count"
+    )
     with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":  # one array a column: 7 parameters whatever the size
+            cursor.execute(
+                f"INSERT INTO {table} AS s (run_id, name, last, last_step, min, max, count) "
+                "SELECT * FROM unnest(%s::bigint[], %s::varchar[], %s::double precision[], %s::integer[], "
+                f"%s::double precision[], %s::double precision[], %s::integer[]) {merge}",
+                [list(c) for c in zip(*rows, strict=True)],
+            )
+            return
         for start in range(0, len(rows), MAX_ROWS_PER_STATEMENT):
             chunk = rows[start : start + MAX_ROWS_PER_STATEMENT]
             placeholders = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
             cursor.execute(
                 f"INSERT INTO {table} AS s (run_id, name, last, last_step, min, max, count) "
-                f"VALUES {placeholders} ON CONFLICT (run_id, name) DO UPDATE SET "
-                "last = CASE WHEN excluded.last_step > s.last_step THEN excluded.last ELSE s.last END, "
-                f"last_step = {greatest}(s.last_step, excluded.last_step), "
-                f"min = {least}(s.min, excluded.min), max = {greatest}(s.max, excluded.max), "
-                "count = s.count + excluded.count",
+                f"VALUES {placeholders} {merge}",
                 [value for row in chunk for value in row],
             )
 

@@ -35,7 +35,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, ENGINE_FINAL_STATES, ENGINE_STATES, EVENT_TYPES
@@ -177,9 +178,14 @@ TAIL = "tail_of"
 
 
 def _with_engine_from(runs: Any) -> Any:
-    """``runs`` with their current attempt's ``engine_from_seq`` (as ``engine_from``), read with the row."""
+    """``runs`` with their current attempt's ``engine_from_seq`` (as ``engine_from``) and
+    ``first_step`` (as ``attempt_first_step``: ``_supersede`` claims it only while unset), read
+    with the row."""
     current = RunAttempt.objects.filter(run_id=OuterRef("pk"), number=OuterRef("attempt_number"))
-    return runs.annotate(engine_from=Subquery(current.values("engine_from_seq")[:1]))
+    return runs.annotate(
+        engine_from=Subquery(current.values("engine_from_seq")[:1]),
+        attempt_first_step=Subquery(current.values("first_step")[:1]),
+    )
 
 
 def _mark_tail(run: Run, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -462,6 +468,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     logs: list[LogLine] = []
     summary = dict(run.summary)
     last_step = _supersede(run, fresh)
+    steps_before = last_step
     final_seq = run.final_seq
 
     for event in fresh:
@@ -507,7 +514,9 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     # ignore_conflicts: a row already stored (the same event under an older cursor, or an
     # engine logging a metric twice in one step) keeps its first value.
     insert_metric_points(points)
-    summaries.record(points)  # the runs table's last/min/max per metric (webapp.analysis)
+    # The runs table's last/min/max per metric (webapp.analysis); no stored summary is past the
+    # run's last step before this batch, so a batch after it needs no read of theirs.
+    summaries.record(points, steps_to=steps_before)
     rollups.record(run.pk, points)  # the blocks long series are downsampled from (webapp.analysis)
     alert_state = monitor.observe(run, fresh)
     Sample.objects.bulk_create(samples, batch_size=500, ignore_conflicts=True)
@@ -529,10 +538,13 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     by_attempt: dict[int, list[int]] = {}
     for event in fresh:
         by_attempt.setdefault(event.get(TAIL, attempt), []).append(event["seq"])
-    for number, seqs in by_attempt.items():
-        attempt_row = RunAttempt.objects.filter(run_id=run.pk, number=number)
-        attempt_row.filter(first_seq__isnull=True).update(first_seq=seqs[0])
-        attempt_row.update(last_seq=seqs[-1])
+    for number, seqs in by_attempt.items():  # one UPDATE each: first_seq only while unset
+        RunAttempt.objects.filter(run_id=run.pk, number=number).update(
+            first_seq=Coalesce("first_seq", Value(seqs[0], output_field=_FIRST_SEQ)), last_seq=seqs[-1]
+        )
+
+
+_FIRST_SEQ = RunAttempt._meta.get_field("first_seq")
 
 
 def _supersede(run: Run, fresh: list[dict[str, Any]]) -> int:
@@ -547,8 +559,8 @@ def _supersede(run: Run, fresh: list[dict[str, Any]]) -> int:
     (``static/tributary/series.js``)."""
     number = run.attempt_number
     first = next((e["step"] for e in fresh if e["type"] in ("metrics", "samples") and TAIL not in e), None)
-    if first is None:
-        return run.last_step
+    if first is None or getattr(run, "attempt_first_step", None) is not None:
+        return run.last_step  # no step yet, or the attempt's first step is claimed already
     claimed = RunAttempt.objects.filter(run_id=run.pk, number=number, first_step__isnull=True).update(
         first_step=first
     )
