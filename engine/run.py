@@ -27,7 +27,7 @@ from engine.data.stages import StagedRewards, StagedSelector, combined_splits, l
 from engine.events import EventHeartbeat, EventSink
 from engine.log_bridge import LogBridge
 from engine.models import load_model, load_tokenizer, resolve_model_path
-from engine.models.starter import recipe_for, starter_path
+from engine.models.starter import recipe_for, starter_location, starter_tasks
 from engine.phases import Phases, data_words, model_files
 from engine.pipeline.async_loop import AsyncOrchestrator
 from engine.pipeline.learner import Learner, needs_reference
@@ -287,10 +287,11 @@ def _model_path(cfg: RunConfig, phase: Phases) -> Path:
     """The run's model directory; a starter policy built on first use says how far its build is."""
     if cfg.model.path != "starter" or cfg.data.source != "builtin":
         return resolve_model_path(cfg.model, cfg.data)
-    if (starter_path(cfg.data.task, cfg.data.difficulty) / "starter.json").is_file():
+    pairs = starter_tasks(cfg.data)  # several: the mixture starter of the stages' tasks
+    if (starter_location(pairs) / "starter.json").is_file():
         return resolve_model_path(cfg.model, cfg.data)
-    target = recipe_for(cfg.data.task).target_accuracy
-    report = phase.starter(cfg.data.task, cfg.data.difficulty, target)
+    target = min(recipe_for(task).target_accuracy for task, _ in pairs)  # the build reports its lowest task
+    report = phase.starter(" + ".join(task for task, _ in pairs), max(d for _, d in pairs), target)
     return resolve_model_path(cfg.model, cfg.data, progress=report)
 
 

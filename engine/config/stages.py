@@ -187,8 +187,8 @@ def check_stages(cfg: RunConfig) -> None:
         functions = stage.reward_functions or cfg.reward.functions
         if cfg.model.path == "starter" and data.source != "builtin":
             raise ValueError(
-                f"data.stages[{i}].source: 'starter' (model.path) is the built-in task's policy; set model.path to a "
-                "model directory for a stage that is not built-in"
+                f"data.stages[{i}].source: 'starter' (model.path) is trained on the stages' built-in tasks (a mixture "
+                "starter when they differ); set model.path to a model directory for a stage that is not built-in"
             )
         if data.source != "builtin" and any(f.name == "task" for f in functions):
             where = f"data.stages[{i}].reward_functions" if stage.reward_functions else "reward.functions"

@@ -18,6 +18,16 @@ down by an order of magnitude, as two spinning OpenMP threads do.
 The result is cached in ``data_dir()/starter/<task>-d<difficulty>-<recipe hash>/`` and
 built atomically (in a temporary directory renamed into place, under a file lock), with
 the recipe and the measured eval accuracy in ``starter.json``.
+
+A run of several stages on different built-in tasks (``data.stages``) needs a starter that
+sometimes succeeds on *each* of them: a single-task starter scores 0 on the other task, so
+every group of that stage is all-wrong and DAPO's filter leaves it no gradient. Its *mixture
+starter* is trained the same way on the union of the tasks' train splits (each task at its own
+difficulty, formatted by the task's default data config as a single-task starter's), validated on each task's held-out
+problems separately, and stops at the first check where *every* task has reached its own
+recipe's ``target_accuracy`` (or at the summed step caps). It is cached in
+``data_dir()/starter/mix-<task>-d<difficulty>+...-<hash>/``, the hash over the sorted
+(task, difficulty) set and the recipes; ``starter.json`` records the accuracy per task.
 """
 
 from __future__ import annotations
@@ -119,6 +129,91 @@ def starter_path(task: str, difficulty: int) -> Path:
     return starter_dir() / f"{task}-d{difficulty}-{_recipe_hash(task, difficulty, recipe)}"
 
 
+Pair = tuple[str, int]
+"""A built-in task and its difficulty."""
+
+
+def _pairs(tasks: Sequence[Pair]) -> list[Pair]:
+    """The sorted, distinct (task, difficulty) pairs, validated."""
+    from engine.data.tasks import check_difficulty
+
+    pairs = sorted({(str(t), int(d)) for t, d in tasks})
+    for task, difficulty in pairs:
+        recipe_for(task)
+        check_difficulty(difficulty)
+    if len(pairs) < 2:
+        raise ValueError(f"a mixture starter needs at least two (task, difficulty) pairs, got {pairs}")
+    return pairs
+
+
+def mixture_recipe(tasks: Sequence[Pair]) -> StarterRecipe:
+    """The recipe of a mixture starter: the default recipe with the tasks' step caps added up (each
+    batch holds every task, so each gets about its share of the steps), room for the longest
+    completion, and the lowest of the tasks' targets (each task still has to reach its own
+    recipe's target, see ``build_mixture_starter``)."""
+    recipes = [recipe_for(t) for t, _ in _pairs(tasks)]
+    return StarterRecipe(
+        max_steps=sum(r.max_steps for r in recipes),
+        max_new_tokens=max(r.max_new_tokens for r in recipes),
+        target_accuracy=min(r.target_accuracy for r in recipes),
+    )
+
+
+def _mixture_hash(pairs: list[Pair], recipe: StarterRecipe) -> str:
+    """As ``_recipe_hash``, over the sorted (task, difficulty) set, the mixture recipe and each task's
+    own recipe (its target and completion length) and data sample."""
+    from engine.data.tasks import generate_eval, generate_train
+    from engine.models.build import SIZES, default_corpus
+
+    corpus = hashlib.sha256("\n".join(default_corpus()).encode()).hexdigest()
+    samples = {}
+    for task, difficulty in pairs:
+        sample = [(it.prompt, it.answer, it.solution) for it in generate_eval(task, difficulty, 32)]
+        sample += [(it.prompt, it.answer, it.solution) for it in generate_train(task, difficulty, 32, set())]
+        samples[f"{task}-d{difficulty}"] = sample
+    blob = json.dumps(
+        {
+            "version": STARTER_VERSION,
+            "mixture": [list(p) for p in pairs],
+            "recipe": asdict(recipe),
+            "task_recipes": {t: asdict(recipe_for(t)) for t, _ in pairs},
+            "spec": asdict(SIZES[recipe.size]),
+            "corpus": corpus,
+            "samples": samples,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def mixture_starter_path(tasks: Sequence[Pair]) -> Path:
+    """Where the mixture starter of several (task, difficulty) pairs is (or will be) cached."""
+    pairs = _pairs(tasks)
+    name = "+".join(f"{t}-d{d}" for t, d in pairs)
+    return starter_dir() / f"mix-{name}-{_mixture_hash(pairs, mixture_recipe(pairs))}"
+
+
+def starter_tasks(data_cfg: Any) -> list[Pair]:
+    """The (task, difficulty) pairs a run's ``'starter'`` policy is trained on.
+
+    ``data.task`` at ``data.difficulty``, as always, unless ``data.stages`` trains a task other than
+    ``data.task``: then every stage's (task, difficulty), sorted and distinct, so that each stage
+    starts from a policy with some success on its task. Stages on ``data.task`` alone (e.g. harder
+    difficulties later) keep the single-task starter."""
+    own = (data_cfg.task, data_cfg.difficulty)
+    stages = getattr(data_cfg, "stages", None) or []
+    merged = [s.data_config(data_cfg) for s in stages]
+    if not merged or all(m.task == data_cfg.task for m in merged):
+        return [own]
+    return sorted({(m.task, m.difficulty) for m in merged})
+
+
+def starter_location(tasks: Sequence[Pair]) -> Path:
+    """``starter_path`` of one pair, ``mixture_starter_path`` of several."""
+    pairs = sorted(set(tasks))
+    return starter_path(*pairs[0]) if len(pairs) == 1 else mixture_starter_path(pairs)
+
+
 def read_starter_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``starter.json`` of a built starter policy."""
     return json.loads((Path(path) / "starter.json").read_text())
@@ -155,10 +250,28 @@ def starter_policy(task: str, difficulty: int = 1, *, progress: ProgressFn | Non
     the others wait for it and reuse the result.
     """
     from engine.data.tasks import check_difficulty
-    from engine.models.build import publish_dir
 
     check_difficulty(difficulty)
-    final = starter_path(task, difficulty)
+    return _cached_build(
+        starter_path(task, difficulty),
+        lambda tmp: build_starter(tmp, task, difficulty, recipe=recipe_for(task), progress=progress),
+    )
+
+
+def mixture_starter_policy(tasks: Sequence[Pair], *, progress: ProgressFn | None = None) -> Path:
+    """The directory of the mixture starter of several (task, difficulty) pairs, built on first use
+    (as ``starter_policy``; ``progress`` reports the lowest task's validation accuracy)."""
+    pairs = _pairs(tasks)
+    return _cached_build(
+        mixture_starter_path(pairs),
+        lambda tmp: build_mixture_starter(tmp, pairs, progress=progress),
+    )
+
+
+def _cached_build(final: Path, build: Callable[[Path], Any]) -> Path:
+    """``final``, built by ``build(tmp)`` into a temporary directory renamed into place under a lock."""
+    from engine.models.build import publish_dir
+
     if (final / "starter.json").is_file():
         return final
     with _file_lock(final.parent / f".{final.name}.lock"):
@@ -166,7 +279,7 @@ def starter_policy(task: str, difficulty: int = 1, *, progress: ProgressFn | Non
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
-            build_starter(tmp, task, difficulty, recipe=recipe_for(task), progress=progress)
+            build(tmp)
             if final.exists():  # a stale partial directory cannot exist (rename is atomic), but be safe
                 shutil.rmtree(final)
             publish_dir(tmp, final)
@@ -247,26 +360,56 @@ def greedy_accuracy(model: Any, tokenizer: Any, prompts: Sequence[Any], max_new_
     return sum(scores) / len(scores)
 
 
-def build_starter(
-    out_dir: str | os.PathLike[str],
-    task_name: str,
-    difficulty: int,
-    *,
-    recipe: StarterRecipe | None = None,
-    progress: ProgressFn | None = None,
-) -> dict[str, Any]:
-    """Build a starter policy into the (empty or new) ``out_dir``; returns the ``starter.json`` record."""
+@dataclass
+class _Part:
+    """One task of a build: its prompts (SFT examples, validation, eval) and when it is good enough."""
+
+    task: str
+    difficulty: int
+    target: float
+    max_new_tokens: int
+    data: Any  # its DataConfig
+    examples: list[tuple[list[int], list[int]]]
+    val: list[Any]
+    eval: list[Any]
+
+
+def _part(task_name: str, difficulty: int, target: float, max_new_tokens: int, tokenizer: Any, seed: int,
+          val_size: int) -> _Part:  # fmt: skip
+    """A task's data as a run with the default data config of the task formats it."""
     from engine.config import DataConfig
     from engine.data.prompts import load_prompts
     from engine.data.tasks import get_task
+
+    cfg = DataConfig(source="builtin", task=task_name, difficulty=difficulty)
+    splits = load_prompts(cfg, tokenizer, seed=seed)
+    # Validation: distinct train-split problems, held out of the SFT data (eval stays untouched).
+    val, seen = [], set()
+    for p in reversed(splits.train):
+        if p.raw not in seen:
+            seen.add(p.raw)
+            val.append(p)
+            if len(val) == val_size:
+                break
+    sft = [p for p in splits.train if p.raw not in seen]
+    examples = _sft_examples(sft, get_task(task_name), tokenizer)
+    return _Part(task_name, difficulty, target, max_new_tokens, cfg, examples, val, splits.eval)
+
+
+def _train(
+    out: Path,
+    tasks: Sequence[tuple[str, int, float, int]],
+    recipe: StarterRecipe,
+    progress: ProgressFn | None,
+) -> tuple[dict[str, Any], list[_Part], list[float], list[float]]:
+    """Make the model in ``out``, SFT it on the tasks' (name, difficulty, target, max_new_tokens)
+    mixed train splits until every task's validation accuracy reaches its target (or
+    ``recipe.max_steps``), evaluate each task and save. Returns the run's facts, the parts, and the
+    last validation and the eval accuracy per part."""
     from engine.models.build import make_model_info, quiet_progress
     from engine.models.loading import load_model, load_tokenizer
 
-    recipe = recipe or recipe_for(task_name)
-    task = get_task(task_name)
-    out = Path(out_dir)
     t0 = time.perf_counter()
-
     made = make_model_info(
         out,
         arch=recipe.arch,
@@ -278,19 +421,8 @@ def build_starter(
     tokenizer = load_tokenizer(out)
     with quiet_progress():
         model = load_model(out)
-    cfg = DataConfig(source="builtin", task=task_name, difficulty=difficulty)
-    splits = load_prompts(cfg, tokenizer, seed=recipe.data_seed)
-
-    # Validation: distinct train-split problems, held out of the SFT data (eval stays untouched).
-    val, seen = [], set()
-    for p in reversed(splits.train):
-        if p.raw not in seen:
-            seen.add(p.raw)
-            val.append(p)
-            if len(val) == recipe.val_size:
-                break
-    sft = [p for p in splits.train if p.raw not in seen]
-    examples = _sft_examples(sft, task, tokenizer)
+    parts = [_part(t, d, tgt, mnt, tokenizer, recipe.data_seed, recipe.val_size) for t, d, tgt, mnt in tasks]
+    examples = [e for part in parts for e in part.examples]
 
     rng = random.Random(recipe.data_seed)
     optimizer = torch.optim.AdamW(
@@ -303,12 +435,12 @@ def build_starter(
         frac = (step - recipe.warmup_steps) / max(1, recipe.max_steps - recipe.warmup_steps)
         return recipe.min_lr + 0.5 * (recipe.lr - recipe.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
 
-    history: list[dict[str, float]] = []
+    history: list[dict[str, Any]] = []
     pad = tokenizer.pad_token_id
     order: list[int] = []
     step = 0
     loss_value = float("nan")
-    val_acc = 0.0
+    val_accs = [0.0] * len(parts)
     t_train = time.perf_counter()
     with torch.random.fork_rng(devices=[]), _torch_threads(recipe.threads):
         torch.manual_seed(recipe.data_seed)
@@ -331,37 +463,118 @@ def build_starter(
             loss_value = float(loss.detach())
             checked = step % recipe.eval_every == 0 or step == recipe.max_steps
             if checked:
-                val_acc = greedy_accuracy(model, tokenizer, val, recipe.max_new_tokens)
-                history.append(
-                    {"step": step, "loss": round(loss_value, 4), "val_accuracy": round(val_acc, 4)}
-                )
+                val_accs = [greedy_accuracy(model, tokenizer, p.val, p.max_new_tokens) for p in parts]
+                row: dict[str, Any] = {"step": step, "loss": round(loss_value, 4)}
+                if len(parts) == 1:
+                    row["val_accuracy"] = round(val_accs[0], 4)
+                else:
+                    row["val_accuracy"] = {_label(p): round(a, 4) for p, a in zip(parts, val_accs)}
+                history.append(row)
             if progress is not None:
-                progress(step, recipe.max_steps, loss_value, val_acc if history else None)
-            if checked and val_acc >= recipe.target_accuracy:
+                progress(step, recipe.max_steps, loss_value, min(val_accs) if history else None)
+            if checked and all(a >= p.target for p, a in zip(parts, val_accs)):
                 break
     model.eval()
     train_seconds = time.perf_counter() - t_train
     with _torch_threads(recipe.threads):
-        eval_acc = greedy_accuracy(model, tokenizer, splits.eval, recipe.max_new_tokens)
+        eval_accs = [greedy_accuracy(model, tokenizer, p.eval, p.max_new_tokens) for p in parts]
 
     with quiet_progress():
         model.save_pretrained(out)
+    facts = {
+        "num_parameters": made.num_parameters,
+        "steps": step,
+        "final_loss": round(loss_value, 4),
+        "t0": t0,
+        "train_seconds": round(train_seconds, 1),
+        "history": history,
+    }
+    return facts, parts, val_accs, eval_accs
+
+
+def _label(part: _Part) -> str:
+    return f"{part.task}-d{part.difficulty}"
+
+
+def build_starter(
+    out_dir: str | os.PathLike[str],
+    task_name: str,
+    difficulty: int,
+    *,
+    recipe: StarterRecipe | None = None,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Build a starter policy into the (empty or new) ``out_dir``; returns the ``starter.json`` record."""
+    from engine.data.tasks import get_task
+
+    recipe = recipe or recipe_for(task_name)
+    get_task(task_name)
+    out = Path(out_dir)
+    facts, parts, val_accs, eval_accs = _train(
+        out, [(task_name, difficulty, recipe.target_accuracy, recipe.max_new_tokens)], recipe, progress
+    )
     info = {
         "task": task_name,
         "difficulty": difficulty,
         "version": STARTER_VERSION,
         "recipe": asdict(recipe),
-        "num_parameters": made.num_parameters,
-        "steps": step,
-        "final_loss": round(loss_value, 4),
-        "val_accuracy": round(val_acc, 4),
-        "eval_accuracy": round(eval_acc, 4),
-        "eval_size": len(splits.eval),
+        "num_parameters": facts["num_parameters"],
+        "steps": facts["steps"],
+        "final_loss": facts["final_loss"],
+        "val_accuracy": round(val_accs[0], 4),
+        "eval_accuracy": round(eval_accs[0], 4),
+        "eval_size": len(parts[0].eval),
         "eval_max_new_tokens": recipe.max_new_tokens,
-        "build_seconds": round(time.perf_counter() - t0, 1),
-        "train_seconds": round(train_seconds, 1),
-        "history": history,
-        "data": cfg.model_dump(),
+        "build_seconds": round(time.perf_counter() - facts["t0"], 1),
+        "train_seconds": facts["train_seconds"],
+        "history": facts["history"],
+        "data": parts[0].data.model_dump(),
+    }
+    (out / "starter.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def build_mixture_starter(
+    out_dir: str | os.PathLike[str],
+    tasks: Sequence[Pair],
+    *,
+    recipe: StarterRecipe | None = None,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Build the mixture starter of several (task, difficulty) pairs into ``out_dir``: SFT on the union
+    of their train splits until each task reaches its own recipe's ``target_accuracy`` on its held-out
+    validation problems (or ``recipe.max_steps``, default ``mixture_recipe``); returns the
+    ``starter.json`` record, with the accuracies per task under ``tasks``."""
+    pairs = _pairs(tasks)
+    recipe = recipe or mixture_recipe(pairs)
+    specs = [(t, d, recipe_for(t).target_accuracy, recipe_for(t).max_new_tokens) for t, d in pairs]
+    out = Path(out_dir)
+    facts, parts, val_accs, eval_accs = _train(out, specs, recipe, progress)
+    info = {
+        "mixture": [list(p) for p in pairs],
+        "version": STARTER_VERSION,
+        "recipe": asdict(recipe),
+        "num_parameters": facts["num_parameters"],
+        "steps": facts["steps"],
+        "final_loss": facts["final_loss"],
+        "tasks": [
+            {
+                "task": p.task,
+                "difficulty": p.difficulty,
+                "target_accuracy": p.target,
+                "sft_examples": len(p.examples),
+                "val_accuracy": round(v, 4),
+                "eval_accuracy": round(e, 4),
+                "eval_size": len(p.eval),
+                "eval_max_new_tokens": p.max_new_tokens,
+                "data": p.data.model_dump(),
+            }
+            for p, v, e in zip(parts, val_accs, eval_accs)
+        ],
+        "eval_accuracy": round(min(eval_accs), 4),
+        "build_seconds": round(time.perf_counter() - facts["t0"], 1),
+        "train_seconds": facts["train_seconds"],
+        "history": facts["history"],
     }
     (out / "starter.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
@@ -369,7 +582,8 @@ def build_starter(
 
 def resolve_model_path(model_cfg: Any, data_cfg: Any, *, progress: ProgressFn | None = None) -> Path:
     """The model directory of a run: ``model.path``, or the starter policy of the built-in task
-    (built on first use) when ``model.path`` is ``'starter'``."""
+    (built on first use) when ``model.path`` is ``'starter'``: the mixture starter of the stages'
+    tasks when ``data.stages`` trains more than ``data.task`` (``starter_tasks``)."""
     from engine.models.loading import ModelLoadError
 
     if model_cfg.path == "starter":
@@ -378,5 +592,8 @@ def resolve_model_path(model_cfg: Any, data_cfg: Any, *, progress: ProgressFn | 
                 "model.path 'starter' is the built-in task's policy; set model.path to a model directory "
                 "when data.source is not 'builtin'"
             )
+        pairs = starter_tasks(data_cfg)
+        if len(pairs) > 1:
+            return mixture_starter_policy(pairs, progress=progress)
         return starter_policy(data_cfg.task, data_cfg.difficulty, progress=progress)
     return Path(model_cfg.path).expanduser()
