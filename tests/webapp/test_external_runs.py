@@ -363,6 +363,39 @@ async def test_a_script_ships_its_events_and_hears_a_cancel(
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.asyncio
+async def test_a_cancel_while_queued_reaches_a_script_already_connected(
+    web: str, member: Any, project: Project, token_for: Any
+) -> None:
+    """The script's socket is open (its hello said queued) but its attach not yet handled when
+    Cancel is pressed: the run is cancelled at once, as a queued run is, and the connected script
+    must hear it and have nothing more stored (seen on a fast machine: a TRL script trained its
+    1,000 steps into a run shown as cancelled, every event acked)."""
+    created = await _api_create(web, member, token_for)
+    pk = created["id"]
+    async with connect(
+        created["ingest_url"],
+        additional_headers={"Authorization": f"Bearer {created['ingest_token']}"},
+        open_timeout=TIMEOUT,
+    ) as ws:
+        hello = await _message(ws, "hello")
+        assert (hello["status"], hello["cancel"]) == ("queued", False)
+        await database_sync_to_async(request_cancel)(await _run(pk), "cancelled by bob-member")
+        assert (await _message(ws, "cancel"))["message"] == "cancelled by bob-member"
+        await ws.send(json.dumps({"type": "attach", "host": "laptop-3", "pid": 4242}))
+        await ws.send(
+            json.dumps({"type": "events", "events": [status(1, "running"), metrics(2, 1, reward=0.5)]})
+        )
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                await asyncio.wait_for(ws.recv(), TIMEOUT)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4410
+    run = await _run(pk)
+    assert (run.status, run.final_seq, run.last_seq) == (RunStatus.CANCELLED, 0, 0)
+    assert not await database_sync_to_async(MetricPoint.objects.filter(run_id=pk).exists)()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
 async def test_the_socket_renews_an_external_runs_token(
     web: str, member: Any, project: Project, token_for: Any, settings: Any
 ) -> None:

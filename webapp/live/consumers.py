@@ -146,6 +146,10 @@ class IngestConsumer(_JsonSocket):
         except TokenRejected as exc:
             await self.refuse(exc.code, str(exc))
             return
+        # In the run's group before its row is read: a cancel committed in between is then either
+        # in the row the hello is made of or heard as a message, never lost between the two.
+        await self.channel_layer.group_add(ingest_group(self.run_id), self.channel_name)
+        self.groups.append(ingest_group(self.run_id))
         try:
             run = await database_sync_to_async(note_worker_seen)(run_id) if run_id else None
         except DatabaseError:
@@ -161,8 +165,6 @@ class IngestConsumer(_JsonSocket):
         self.external = run.is_external
         self.token_issued = time.monotonic()
         self.last_heartbeat_write = time.monotonic()
-        await self.channel_layer.group_add(ingest_group(self.run_id), self.channel_name)
-        self.groups.append(ingest_group(self.run_id))
         await self.accept()
         hello: dict[str, Any] = {
             "type": "hello",

@@ -165,10 +165,17 @@ def request_cancel(run: Run, message: str = "") -> Run:
     if run.status == RunStatus.QUEUED:
         try:
             run.cancel(message)
-            announce.status_changed(run.pk)
-            return run
         except InvalidTransition:  # a worker claimed it meanwhile: cancel through the worker
             run.refresh_from_db()
+        else:
+            if run.is_external:
+                # Its script may be connected already (hello read while queued, its attach not yet
+                # handled): tell it, and take nothing more, as for a run ended here. Otherwise the
+                # script trained on into a run shown as cancelled (seen: 1,000 TRL steps stored).
+                Run.objects.filter(pk=run.pk, final_seq=None).update(final_seq=F("last_seq"))
+                announce.cancel_requested(run.pk, message)
+            announce.status_changed(run.pk)
+            return run
     Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
     run.refresh_from_db()
     announce.cancel_requested(run.pk, message)
