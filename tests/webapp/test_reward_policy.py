@@ -71,3 +71,14 @@ def test_the_launch_page_says_the_same(
     assert response.status_code == 422
     assert "not a registered reward function" in response.content.decode()
     assert not Run.objects.exists()
+
+
+def test_a_stage_naming_its_own_reward_code_is_marked_as_user_code() -> None:
+    """``data.stages[].reward_functions`` names rewards as ``reward.functions`` does: a run whose
+    only own code is a stage's must reach the worker marked, or the worker's engine refuses it."""
+    from webapp.runs.queueing import runs_own_code
+
+    stage = {"name": "b", "steps": 2, "reward_functions": [{"name": "mylab.rewards:score"}]}
+    assert runs_own_code({"reward": {"functions": [{"name": "math"}]}, "data": {"stages": [stage]}})
+    stage["reward_functions"] = [{"name": "math"}]
+    assert not runs_own_code({"reward": {"functions": [{"name": "math"}]}, "data": {"stages": [stage]}})

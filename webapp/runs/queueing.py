@@ -32,8 +32,11 @@ def reward_policy_for(project: Project, user: Any) -> RewardPolicy:
 
 
 def runs_own_code(config: dict[str, Any]) -> bool:
-    """Whether a validated config names a reward outside the registry and the deployment's modules."""
-    names = [f.get("name", "") for f in (config.get("reward") or {}).get("functions") or []]
+    """Whether a validated config names a reward outside the registry and the deployment's modules,
+    in ``reward.functions`` or in a stage's own ``reward_functions`` (``data.stages``)."""
+    lists = [(config.get("reward") or {}).get("functions")]
+    lists += [stage.get("reward_functions") for stage in (config.get("data") or {}).get("stages") or []]
+    names = [f.get("name", "") for functions in lists for f in functions or []]
     return RewardPolicy.of_deployment(allow_any=False).names_own_code(names)
 
 
