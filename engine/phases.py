@@ -86,7 +86,15 @@ def human_bytes(n: int) -> str:
 
 
 def data_words(data: Any) -> str:
-    """Where a run's prompts come from, in words (``DataConfig``): no path of the worker's disk."""
+    """Where a run's prompts come from, in words (``DataConfig``): no path of the worker's disk.
+
+    A staged run (``data.stages``) names each stage's own source in order, which is what it
+    loads; its base ``data`` only fills the fields a stage leaves unset."""
+    stages = getattr(data, "stages", None)
+    if stages:
+        return f"{len(stages)} stages: " + ", ".join(
+            f"{stage.name} from {data_words(stage.data_config(data))}" for stage in stages
+        )
     if data.source == "builtin":
         return f"built-in task {data.task}"
     name = Path(str(getattr(data, "path", "") or "")).name

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from engine.config import RunConfig, build_config
 from engine.contracts import EXIT_SUCCEEDED
 from engine.data.stages import StagedRewards, StagedSelector, load_stages, previous_shares
+from engine.phases import data_words
 from engine.pipeline.stages import forgetting
 from engine.rewards import RewardInput
 from engine.run import execute
@@ -54,6 +55,16 @@ def test_stage_config_inherits_and_overrides_data() -> None:
     assert (first.task, first.eval_size, first.train_size) == ("arithmetic", 4, 40)
     assert (second.task, second.eval_size, second.train_size) == ("countdown", 3, 40)
     assert second.stages == []
+
+
+def test_the_data_phase_names_each_stage_and_its_source() -> None:
+    # What the page shows while a staged run loads its prompts: each stage's own task, not only
+    # the base data's (which a staged run's first stage may not even train).
+    cfg = RunConfig.model_validate(staged())
+    assert data_words(cfg.data) == (
+        "2 stages: add from built-in task arithmetic, count-down from built-in task countdown"
+    )
+    assert data_words(cfg.data.stages[1].data_config(cfg.data)) == "built-in task countdown"
 
 
 @pytest.mark.parametrize(
