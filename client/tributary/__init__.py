@@ -11,11 +11,12 @@
 
 Offline first: events go to ``./tributary-runs/<id>/events.jsonl`` and ship from a background
 thread when ``TRIBUTARY_URL`` and ``TRIBUTARY_TOKEN`` name a reachable web app;
-``python -m tributary sync DIR`` sends a run written offline. Standard library plus
+``python -m tributary sync DIR`` sends a run written offline. A run another script holds (its
+directory copied and running elsewhere) raises ``RunRefused``. Standard library plus
 ``websockets``: no Django, no torch.
 """
 
-from tributary.run import Run, init
+from tributary.run import Run, RunRefused, init
 
-__all__ = ["Run", "init"]
+__all__ = ["Run", "RunRefused", "init"]
 __version__ = "0.1.0"

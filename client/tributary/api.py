@@ -6,6 +6,10 @@
 - ``POST /api/runs/{id}/ingest-token`` gives a fresh ingest token for that run (a resumed script,
   ``python -m tributary sync``, or a token that expired while the server was out of reach).
 
+Both carry the script's ``claim``, host and pid when the caller gives them: while another script
+holds the run (the same ``client_id`` from a copy of the script's directory), the web app answers
+409 with ``held_by`` and no token; ``ApiError.held_by`` says so (``tributary.protocol``).
+
 Both authenticate with a personal API token (``Authorization: Bearer``), made on the web app's
 account page. ``ApiError.retriable`` separates what waiting can fix (no answer, 5xx, 408, 429)
 from what it cannot (a bad token, an unknown project): the caller retries only the former.
@@ -28,10 +32,13 @@ RETRIABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 class ApiError(RuntimeError):
     """An API call that failed; ``status`` is None when no HTTP answer came at all."""
 
-    def __init__(self, message: str, *, status: int | None = None, retriable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, retriable: bool = False, held_by: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retriable = retriable
+        self.held_by = held_by  # another script holds the run: the host it reports from (a 409)
 
 
 @dataclass(frozen=True)
@@ -68,19 +75,30 @@ class Api:
         self.timeout = timeout
 
     def create_run(
-        self, *, project: str, name: str, config: dict[str, Any], tags: list[str], client_id: str
+        self,
+        *,
+        project: str,
+        name: str,
+        config: dict[str, Any],
+        tags: list[str],
+        client_id: str,
+        script: dict[str, Any] | None = None,
     ) -> ServerRun:
+        """``script``: ``{"claim", "host", "pid"}`` of a script that holds its run (module docstring)."""
         body = {"project": project, "name": name, "config": config, "tags": tags, "client_id": client_id}
-        answer = self._post("/api/runs/external", body)
+        answer = self._post("/api/runs/external", {**body, **(script or {})})
         return ServerRun(
             id=_field(answer, "id", int),
             url=_field(answer, "url", str),
             ingest_token=_field(answer, "ingest_token", str),
         )
 
-    def ingest_token(self, run_id: int, page_url: str = "") -> ServerRun:
-        """A fresh ingest token for run ``run_id`` (whose page is ``page_url``)."""
-        answer = self._post(f"/api/runs/{int(run_id)}/ingest-token", {})
+    def ingest_token(
+        self, run_id: int, page_url: str = "", script: dict[str, Any] | None = None
+    ) -> ServerRun:
+        """A fresh ingest token for run ``run_id`` (whose page is ``page_url``), for ``script``
+        (as in ``create_run``)."""
+        answer = self._post(f"/api/runs/{int(run_id)}/ingest-token", dict(script or {}))
         return ServerRun(id=run_id, url=page_url, ingest_token=_field(answer, "ingest_token", str))
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +122,8 @@ class Api:
                     "(or url=/--url) to the address it redirects to",
                     status=exc.code,
                 ) from None
-            detail = _detail(exc)
+            detail, body = _detail(exc)
+            held_by = body.get("held_by") if exc.code == 409 else None
             hint = {
                 401: " (check TRIBUTARY_TOKEN: a personal API token from the account page)",
                 403: " (the token's user may not launch runs in this project)",
@@ -114,6 +133,7 @@ class Api:
                 f"POST {path}: HTTP {exc.code}: {detail}{hint}",
                 status=exc.code,
                 retriable=exc.code in RETRIABLE_STATUSES,
+                held_by=held_by if isinstance(held_by, str) else None,
             ) from None
         except (OSError, ValueError) as exc:  # URLError, refused, reset, timeouts, a bad status line
             raise ApiError(f"POST {path}: no answer from {self.url}: {exc}", retriable=True) from None
@@ -144,16 +164,17 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirects)
 
 
-def _detail(exc: urllib.error.HTTPError) -> str:
+def _detail(exc: urllib.error.HTTPError) -> tuple[str, dict[str, Any]]:
+    """The error's words, and its JSON body (``{}`` when it has none)."""
     try:
         raw = exc.read(4096)
         body = json.loads(raw)
     except (OSError, ValueError):
-        return exc.reason if isinstance(exc.reason, str) else str(exc)
+        return (exc.reason if isinstance(exc.reason, str) else str(exc)), {}
     if isinstance(body, dict) and "detail" in body:
         detail = body["detail"]
-        return detail if isinstance(detail, str) else json.dumps(detail)[:1000]
-    return raw[:1000].decode("utf-8", "replace")
+        return (detail if isinstance(detail, str) else json.dumps(detail)[:1000]), body
+    return raw[:1000].decode("utf-8", "replace"), body if isinstance(body, dict) else {}
 
 
 def _field(answer: dict[str, Any], name: str, kind: type) -> Any:

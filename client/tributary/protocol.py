@@ -52,6 +52,7 @@ Shipping is stop-and-wait per batch: send a batch, wait for its ack, send the ne
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 # ----------------------------------------------------------------------------- close codes
@@ -107,3 +108,20 @@ ATTACH_CLAIM = "claim"
 ATTACH_ENGINE_FROM = "engine_from"
 MSG_CLAIM = "claim"
 CLAIM_MAX_CHARS = 64
+
+# External runs (``webapp.runs.external``): one script holds its run. A script's claim is
+# ``<lineage>.<place>``: the lineage a uuid kept in its run directory (``run.json``, so a copy of
+# the directory carries it), the place a digest of the host and the directory's real path, where
+# one process at a time writes (the client locks the directory). It goes with the API calls that
+# give out a token (``claim``, ``host``, ``pid``: a refusal is a 409 with ``held_by`` and no token)
+# and with ``attach``. The same claim keeps the run (a reconnect, a restart in the same directory);
+# the same lineage from another place (a copy of the directory on another host or path) takes it
+# over only once the run is final or its holder has been silent for ``HOLDER_SILENT_S``.
+PLACE_CHARS = 12
+
+
+def script_claim(lineage: str, host: str, directory: str) -> str:
+    """The claim of the script that writes the run directory ``directory`` (its real path) on
+    ``host``, for the run directory's ``lineage``: at most ``CLAIM_MAX_CHARS`` characters."""
+    place = hashlib.sha256(f"{host}\0{directory}".encode("utf-8", "surrogatepass")).hexdigest()[:PLACE_CHARS]
+    return f"{lineage[: CLAIM_MAX_CHARS - PLACE_CHARS - 1]}.{place}"

@@ -31,6 +31,16 @@ protocol cannot carry (non-numeric metrics, names that are not 1-200 characters 
 outside [0, 2^31)) are skipped and counted in ``skipped_values``. No call of a ``Run`` raises
 because of logging: its errors are logged once per kind and counted in ``errors``.
 
+One script per run. Two scripts with one ``client_id`` (a run directory copied to another host,
+or path, and resumed in both) would send the same seqs, and the web app keeps the first event of
+each: the second's would be dropped. So each ``Run`` ships under a claim (``script_claim``: the
+lineage kept in ``run.json``, the place where this process writes the log), and the web app gives
+no token to a script while another holds the run (``webapp.runs.external``). A resumed run asks
+once in ``init`` (a script the web app refuses raises ``RunRefused`` there, having written
+nothing); a refusal heard later (the web app was out of reach at ``init``) makes the next ``log``,
+``log_samples`` or ``log_text`` raise it, and ``should_stop()`` true: the user learns it from an
+exception, not a log line. A restart in the same directory keeps the run and ships from its ack.
+
 At exit (``finish``, the context manager, or the interpreter's exit for a run never finished)
 the client drains: the writer empties the queue, the shipper sends what the web app has not
 acknowledged, within ``TRIBUTARY_DRAIN_S`` seconds (default 30); what is left unsent is printed
@@ -47,6 +57,7 @@ import logging
 import math
 import operator
 import os
+import re
 import shlex
 import socket
 import sys
@@ -69,7 +80,7 @@ from tributary.events import (
     repair_torn_tail,
     scan_log,
 )
-from tributary.protocol import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, FATAL_CLOSE_CODES
+from tributary.protocol import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, FATAL_CLOSE_CODES, script_claim
 from tributary.shipper import EventShipper, Hello, backoff_delay
 
 try:
@@ -86,6 +97,9 @@ DEFAULT_ROOT = "tributary-runs"
 DRAIN_ENV = "TRIBUTARY_DRAIN_S"
 DEFAULT_DRAIN_S = 30.0
 WRITER_GRACE_S = 10.0
+# A resumed run's first word with the web app, in ``init``: a refusal (another script holds the
+# run) raises there. A web app out of reach waits no longer than this; the link thread retries.
+CONTACT_TIMEOUT_S = 5.0
 # The worker's shipper, tuned for a script: the writer thread wakes it after each write, so the
 # poll (4 times a second) only bounds how late a ``cancel`` from the web app is read.
 SHIPPER_DEFAULTS = {"poll_interval": 0.25, "backoff_cap": 30.0}
@@ -112,6 +126,17 @@ MAX_QUEUE_BYTES = 64 * 1024 * 1024
 SAMPLE_KEYS = ("prompt", "completion", "reward", "advantage", "length", "finish_reason", "extra")
 # Extra depth as in the whole event: the event 1, items 2, an item 3, extra 4 (ingest's cut too).
 EXTRA_DEPTH = 4
+
+
+class RunRefused(RuntimeError):
+    """The web app refused this script its run: another script holds it (the same ``client_id``:
+    a copy of this run's directory, running elsewhere). The message names the run, where that
+    script reports from, and the fix (a new run). Nothing of this script is stored."""
+
+    def __init__(self, message: str, run_id: int | None = None, held_by: str = "") -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.held_by = held_by
 
 
 def init(project: str = "", **options: Any) -> Run:
@@ -188,6 +213,7 @@ class Run:
                 "tags": _tags(tags),
                 "url": self._web_url,
                 "client_id": client_id,
+                "claim": uuid.uuid4().hex,  # the lineage of this directory's scripts (module docstring)
                 "local_id": local_id,
                 "server_id": None,
                 "server_url": None,
@@ -198,8 +224,23 @@ class Run:
             self._save_meta()
         self.events_path = self.dir / EVENTS_FILE
         self.client_id: str = self.meta["client_id"]
+        self.claim = dir_claim(self.dir, self.meta)
         self.id: int | None = self.meta.get("server_id")
         self.url: str | None = self.meta.get("server_url")
+        self.refused: RunRefused | None = None  # the web app gave the run to another script
+        # A resumed run asks the web app first, before it writes anything: a copy of its
+        # directory may be running elsewhere, and then this script must not start.
+        self._contact: ServerRun | ApiError | None = None
+        if resume is not None and self._api is not None:
+            try:
+                self._contact = self._server_run(
+                    Api(self._api.url, self._api.token, timeout=CONTACT_TIMEOUT_S)
+                )
+            except ApiError as exc:
+                if exc.held_by is not None:
+                    self._dir_lock.close()
+                    raise self._refusal(exc) from None
+                self._contact = exc  # out of reach, or another refusal: the link thread goes on as ever
 
         # Counters (read them any time; they only grow).
         self.dropped_events = 0  # the queue was full
@@ -245,7 +286,10 @@ class Run:
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
         """Metrics ``{name: number}`` at ``step`` (default: the step after the last one logged,
         0 first). Numbers are anything ``float()`` takes (a 0-d tensor too); NaN and inf travel
-        as null, as the engine sends them. Never raises."""
+        as null, as the engine sends them. Never raises, but ``RunRefused`` once the web app gave
+        the run to another script (module docstring)."""
+        if self.refused is not None:
+            raise self.refused
         try:
             # The caller's thread only takes a snapshot: a copy of the dict, with what is not a
             # plain number (a tensor, a numpy scalar: values that may change after the call)
@@ -267,7 +311,10 @@ class Run:
         """Rollouts in the engine's sample shape: ``prompt``, ``completion``, ``reward``, and
         optionally ``advantage``, ``length`` (tokens), ``finish_reason``, ``components`` (reward
         components), ``group`` (the prompt's group, so the browser shows a group side by side);
-        any other key goes to ``extra``. ``step`` defaults to the last step logged. Never raises."""
+        any other key goes to ``extra``. ``step`` defaults to the last step logged. Never raises,
+        but ``RunRefused`` (as ``log``)."""
+        if self.refused is not None:
+            raise self.refused
         try:
             at = self._take_step(step, advance=False)
             if at is None:
@@ -290,7 +337,10 @@ class Run:
             self._fault("log_samples", exc)
 
     def log_text(self, text: str, level: str = "info") -> None:
-        """A line for the run's Logs tab (level debug, info, warning or error). Never raises."""
+        """A line for the run's Logs tab (level debug, info, warning or error). Never raises, but
+        ``RunRefused`` (as ``log``)."""
+        if self.refused is not None:
+            raise self.refused
         try:
             wanted = str(level).lower()
             wanted = "warning" if wanted == "warn" else wanted
@@ -582,12 +632,18 @@ class Run:
         assert self._api is not None
         attempt = 0
         server: ServerRun | None = None
+        contact, self._contact = self._contact, None
         try:
             while not self._past_deadline():
                 if server is None:
                     try:
-                        server = self._server_run()
+                        if isinstance(contact, ApiError):
+                            raise contact
+                        server = contact or self._server_run()
                     except ApiError as exc:
+                        if exc.held_by is not None:
+                            self._refuse(self._refusal(exc))
+                            return
                         if not exc.retriable:
                             self._stop_link(f"the web app refused the run: {exc}")
                             return
@@ -598,6 +654,8 @@ class Run:
                         self._pause(attempt)
                         attempt += 1
                         continue
+                    finally:
+                        contact = None
                 shipper = EventShipper(
                     self._web_url or "",
                     server.id,
@@ -605,6 +663,7 @@ class Run:
                     self.events_path,
                     on_hello=self._on_hello,
                     on_cancel=self._on_cancel,
+                    claim=self.claim,  # attach holds the run (a web app that checks it refuses another's)
                     # woken: the writer thread calls shipper.wake() after each write
                     **{**SHIPPER_DEFAULTS, "woken": True, **self._shipper_options},
                 )
@@ -615,6 +674,9 @@ class Run:
                         shipper.finish(self._time_left())
                         break
                 shipper.join()
+                if shipper.claim_lost:  # the socket's attach: another script holds the run
+                    self._refuse(RunRefused(shipper.claim_lost, server.id, ""))
+                    return
                 if shipper.drained or shipper.gave_up or self._past_deadline():
                     return
                 if shipper.error is not None and shipper.error.code == CLOSE_RUN_OVER:
@@ -640,11 +702,23 @@ class Run:
         else:
             self._finishing.wait(delay)  # finish() cuts the wait short: one more try, then drain
 
-    def _server_run(self) -> ServerRun:
-        assert self._api is not None
-        server = server_run(self._api, self.dir, self.meta, self._meta_lock)
+    def _server_run(self, api: Api | None = None) -> ServerRun:
+        api = api or self._api
+        assert api is not None
+        server = server_run(api, self.dir, self.meta, self._meta_lock, claim=self.claim)
         self.id, self.url = server.id, server.url
         return server
+
+    def _refusal(self, exc: ApiError) -> RunRefused:
+        return RunRefused(str(exc), self.meta.get("server_id"), exc.held_by or "")
+
+    def _refuse(self, refused: RunRefused) -> None:
+        """Another script holds the run: say so now (stderr), stop training (``should_stop``),
+        and raise it from the next logging call."""
+        self.refused = refused
+        self.link_error = str(refused)
+        self._stop_requested.set()
+        _say(f"tributary: the web app refused this script its run: {refused}")
 
     def _on_hello(self, hello: Hello, first: bool) -> bool:
         # A Cancel while the script was away, or a run the web app already ended (cancelled
@@ -687,6 +761,13 @@ class Run:
             _say(
                 f"tributary: run {self.meta['name']!r} was written offline to {self.dir} ({self.written_seq} events); "
                 f"send it with: TRIBUTARY_URL=... TRIBUTARY_TOKEN=... python -m tributary sync {where}"
+            )
+        elif (
+            self.refused is not None
+        ):  # said when it came; sync would be refused too while the other holds it
+            _say(
+                f"tributary: the web app takes no events of run {self.meta['name']!r} from this script (another "
+                f"script holds the run); they stay in {self.events_path}"
             )
         elif shipper is not None and shipper.error is not None and shipper.error.code in FATAL_CLOSE_CODES:
             _say(
@@ -745,13 +826,24 @@ class Run:
 # ---------------------------------------------------------------------- helpers
 
 
+def dir_claim(directory: Path, meta: dict[str, Any]) -> str:
+    """The claim of a script writing ``directory`` on this host (``tributary.protocol.script_claim``):
+    its ``run.json``'s lineage (a directory of before claims: its ``client_id``), and the place."""
+    lineage = meta.get("claim")
+    if not isinstance(lineage, str) or not re.fullmatch(r"[0-9A-Za-z_-]{1,51}", lineage):
+        lineage = str(meta["client_id"]).replace("-", "")
+    return script_claim(lineage, socket.gethostname(), os.path.realpath(directory))
+
+
 def server_run(
-    api: Api, directory: Path, meta: dict[str, Any], lock: threading.Lock | None = None
+    api: Api, directory: Path, meta: dict[str, Any], lock: threading.Lock | None = None, *, claim: str = ""
 ) -> ServerRun:
     """The server run of the run in ``directory`` with a fresh ingest token: created through the
-    API the first time (idempotent: ``client_id``), its id then kept in ``run.json``."""
+    API the first time (idempotent: ``client_id``), its id then kept in ``run.json``. With a
+    ``claim``, only while no other script holds it (``ApiError.held_by`` else)."""
+    script = {"claim": claim, "host": socket.gethostname()[:255], "pid": os.getpid()} if claim else None
     if meta.get("server_id") is not None and meta.get("url") in (None, api.url):
-        return api.ingest_token(int(meta["server_id"]), str(meta.get("server_url") or ""))
+        return api.ingest_token(int(meta["server_id"]), str(meta.get("server_url") or ""), script)
     # Never created, or created on another web app (its id means nothing here): create it here,
     # the same client_id making a retry or a later sync find it again.
     server = api.create_run(
@@ -760,6 +852,7 @@ def server_run(
         config=meta.get("config") or {},
         tags=meta.get("tags") or [],
         client_id=meta["client_id"],
+        script=script,
     )
     with lock or contextlib.nullcontext():
         meta.update(server_id=server.id, server_url=server.url, url=api.url)

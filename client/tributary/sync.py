@@ -4,7 +4,9 @@ Each DIR is a run directory of the client (``run.json`` + ``events.jsonl``). Its
 created the first time (``POST /api/runs/external``, idempotent through the run's
 ``client_id``, its id then kept in ``run.json``), else it gets a fresh ingest token; the worker's
 shipper then sends the log from where the web app's copy ends (``hello.last_seq``), so syncing
-twice, or a directory the script had partly shipped itself, stores nothing twice.
+twice, or a directory the script had partly shipped itself, stores nothing twice. It ships
+under the directory's claim (``tributary.run.dir_claim``): a copy of a directory whose script
+still reports from elsewhere is refused, with the web app's words.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TextIO
 from tributary.api import Api, ApiError
 from tributary.cli import Command, add_server_arguments, server_api
 from tributary.events import scan_log
-from tributary.run import EVENTS_FILE, read_meta, server_run
+from tributary.run import EVENTS_FILE, dir_claim, read_meta, server_run
 from tributary.shipper import EventShipper
 
 PROGRESS_EVERY_S = 2.0
@@ -31,9 +33,12 @@ def sync_dir(directory: Path, api: Api, *, timeout: float, out: TextIO = sys.std
     events = directory / EVENTS_FILE
     held = scan_log(events)
     last = held.last_seq
-    server = server_run(api, directory, meta)
+    claim = dir_claim(directory, meta)
+    server = server_run(api, directory, meta, claim=claim)
     print(f"{directory}: run {server.id} ({meta['name']}), {last} events in the log", file=out, flush=True)
-    shipper = EventShipper(api.url, server.id, server.ingest_token, events, backoff_cap=5.0).start()
+    shipper = EventShipper(
+        api.url, server.id, server.ingest_token, events, claim=claim, backoff_cap=5.0
+    ).start()
     result: list[bool] = []
     finisher = threading.Thread(target=lambda: result.append(shipper.finish(timeout)), daemon=True)
     finisher.start()
@@ -51,7 +56,7 @@ def sync_dir(directory: Path, api: Api, *, timeout: float, out: TextIO = sys.std
                 flush=True,
             )
         return True
-    why = str(shipper.error) if shipper.error else f"not done within --timeout {timeout:g} s"
+    why = str(shipper.error or shipper.claim_lost or f"not done within --timeout {timeout:g} s")
     print(f"{directory}: stopped at {shipper.acked_seq}/{last} events: {why}", file=sys.stderr, flush=True)
     return False
 

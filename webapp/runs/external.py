@@ -18,6 +18,20 @@ Idempotent creation: the script names the run with a ``client_id`` (a UUID it ke
 offline log): the same id in the same project returns the same run with a fresh token, so a
 restarted script or a retried request never makes two runs.
 
+One script at a time (``hold_run``). Two scripts with one ``client_id`` (a run directory copied to
+a second host, or to a second path, and both started) would share the run, and the ingest store
+keeps the first event of each seq, so the second's events, numbered over the first's, would be
+dropped while its user believes them stored. A script that gives a ``claim`` (the client library
+does: ``tributary.protocol.script_claim``) therefore holds the run: the claim is ``<lineage>.<place>``,
+the lineage kept in the run directory (copied with it), the place a digest of the host and the
+directory's path (one process at a time there: the client locks the directory). The same claim
+keeps the run (a reconnect, a restart in the same directory: the lock says the earlier process
+ended); the same lineage from another place takes it over only when the run is final or its
+holder went silent for ``HOLDER_SILENT_S`` (a crashed script restarted elsewhere from a copy of
+its directory); anything else is refused (``ScriptHeld``, a 409 naming the run, where it reports
+from and the fix) before the script gets a token, so nothing of it is stored. Old clients give
+no claim and attach as before; the first claim then takes the run.
+
 The config is the script's own, free-form: never validated against the engine's schema and never
 executed, only bounded (``MAX_CONFIG_BYTES`` of JSON, ``MAX_CONFIG_DEPTH`` levels, storable text).
 """
@@ -32,6 +46,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from engine.events import MAX_DEPTH
+from tributary.protocol import PING_INTERVAL_S
 from tributary.shipper import nesting
 from webapp.live import announce
 from webapp.runs.choices import RunOrigin, RunStatus
@@ -48,11 +63,25 @@ MAX_CONFIG_DEPTH = MAX_DEPTH
 """Nesting levels, as an engine event may hold (``engine.events.MAX_DEPTH``)."""
 QUEUE = "external"
 """What ``Run.queue`` holds for an external run: no worker queue (none is ever sent to it)."""
+HOLDER_SILENT_S = 3 * PING_INTERVAL_S
+"""How long the script holding a run must have been silent (no event stored, no ping, no
+connection: ``Run.heartbeat_at``, ``Run.worker_seen_at``) before a copy of its directory elsewhere
+may take the run over. A live script pings every ``PING_INTERVAL_S`` when it has nothing to send
+(the socket writes that down at most every 5 s): three pings missed is a script gone, or cut off."""
 
 
 class ExternalRefused(ValueError):
     """The external run cannot be created or given a token as asked (a 409: the project's or
     the run's state forbids it); the message says why and what to do."""
+
+
+class ScriptHeld(ExternalRefused):
+    """Another script holds the run (``hold_run``): the 409 says which run, where that script
+    reports from (``held_by``), and to start this one as a new run."""
+
+    def __init__(self, message: str, held_by: str) -> None:
+        super().__init__(message)
+        self.held_by = held_by
 
 
 def check_config(config: Any) -> dict[str, Any]:
@@ -137,30 +166,103 @@ def token_for(run: Run) -> str:
     return ingest_token(run.pk, run.attempt)
 
 
-def attach_script(run_id: int, host: str, pid: int | None) -> Run | None:
-    """The external run's script attached to its ingest socket (``attach``: its host and pid).
+def split_claim(claim: str) -> tuple[str, str]:
+    """A script's claim as (lineage, place); a claim of another client with no place is all lineage."""
+    lineage, dot, place = claim.rpartition(".")
+    return (lineage, place) if dot and lineage else (claim, "")
 
-    The script holds the run: there is no claim to win (a restarted script, with a new process,
-    carries on the same run; only the token says who may ship). A queued run becomes starting,
-    its status line where the script reports from; a started one notes the script's new host and
-    pid (a restart) until the script's own status says more. None when the run is gone."""
+
+def held_elsewhere(run: Run, claim: str, now: Any) -> str:
+    """Why ``claim`` may not hold the external run (another script does), or "" when it may.
+
+    See the module docstring: the run's own claim (or none yet) holds; the same lineage from
+    another place takes over a final run or one whose holder is silent; another lineage never."""
+    held = run.claim
+    if not held or held == claim:
+        return ""
+    where = reporting_from(run.worker_host, run.client_pid)
+    which = f"run {run.pk} ({run.name!r})"
+    fix = (
+        "Start this script as a new run (a new directory, not resume= of a copy: a new client_id), "
+        "or stop the other one"
+    )
+    if split_claim(held)[0] != split_claim(claim)[0]:
+        return (
+            f"{which} is reported by another script, from {where}, under the same client_id: the web app "
+            f"keeps the first event of each seq, so this script's events would be dropped. {fix}."
+        )
+    if RunStatus(run.status).is_final:
+        return ""  # nobody ships into it any more: a restart may drain its tail, as before claims
+    heard = max((t for t in (run.worker_seen_at, run.heartbeat_at) if t is not None), default=None)
+    silent = HOLDER_SILENT_S if heard is None else (now - heard).total_seconds()
+    if silent >= HOLDER_SILENT_S:
+        return ""  # its holder is gone (crashed): this copy of its directory goes on with the run
+    return (
+        f"{which} is being reported from {where} (heard {max(silent, 0.0):.0f} s ago) by another copy of this "
+        f"script's run directory: both would send the same seqs, and the web app keeps only the first's. "
+        f"{fix}; if that script has stopped, run this one again after {HOLDER_SILENT_S:.0f} s without word "
+        "from it to go on with the run."
+    )
+
+
+def hold_run(run_id: int, claim: str, host: str, pid: int | None) -> Run | None:
+    """The external run, held by the script of ``claim`` from ``host`` (pid ``pid``): its claim
+    taken or kept, ``ScriptHeld`` when another script holds it (nothing recorded). Called
+    before a token is given out (``webapp.api.routers.external``), so a refused script never
+    ships. A script that takes the run over records where it reports from at once: a second
+    copy asking a moment later is refused on its word. None when the run is gone."""
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
             return None
+        now = timezone.now()
+        why = held_elsewhere(run, claim, now)
+        if why:
+            raise ScriptHeld(why, run.worker_host)
+        fields: dict[str, Any] = {"worker_seen_at": now}
+        if run.claim != claim:
+            fields.update(claim=claim, worker_host=host, client_pid=pid)
+        Run.objects.filter(pk=run.pk).update(**fields)
+        for name, value in fields.items():
+            setattr(run, name, value)
+    return run
+
+
+def attach_script(run_id: int, host: str, pid: int | None, claim: str = "") -> tuple[bool, str] | None:
+    """The external run's script attached to its ingest socket (``attach``: its host and pid).
+
+    With a ``claim``: the answer ``(won, why not)`` of ``held_elsewhere``, under the same row
+    lock as the attach, a refused script changing nothing. Without one (a client of before claims),
+    the script holds its run with no claim to win (a restarted script, with a new process,
+    carries on the same run; only the token says who may ship), and None.
+    A queued run becomes starting, its status line where the script reports from; a started one
+    notes the script's new host and pid (a restart) until the script's own status says more."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            return (False, f"run {run_id} does not exist") if claim else None
+        now = timezone.now()
+        if claim:
+            why = held_elsewhere(run, claim, now)
+            if why:
+                return False, why
         where = taken_by(host, external=True, pid=pid)
-        fields = {"worker_host": host, "client_pid": pid, "worker_seen_at": timezone.now()}
+        fields: dict[str, Any] = {"worker_host": host, "client_pid": pid, "worker_seen_at": now}
+        if claim:
+            fields["claim"] = claim
         if run.status == RunStatus.QUEUED:
             run.transition(RunStatus.STARTING, message=where, **fields)
             announce.status_changed(run.pk, queue_moved=False)
-        elif not RunStatus(run.status).is_final and (run.worker_host, run.client_pid) != (host, pid):
+        elif not RunStatus(run.status).is_final and (
+            (run.worker_host, run.client_pid) != (host, pid) or (claim and run.claim != claim)
+        ):
             if run.status == RunStatus.STARTING:  # still the words of an attach: the new ones
                 fields["status_message"] = where
             Run.objects.filter(pk=run.pk).update(**fields)
             announce.status_changed(run.pk, queue_moved=False)
         else:
-            Run.objects.filter(pk=run.pk).update(worker_seen_at=fields["worker_seen_at"])
-    return run
+            Run.objects.filter(pk=run.pk).update(worker_seen_at=now)
+    return (True, "") if claim else None
 
 
 def banner(run: Run) -> str:

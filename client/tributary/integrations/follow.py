@@ -407,7 +407,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import tributary
-    from tributary.run import RUN_FILE, read_meta
+    from tributary.run import RUN_FILE, RunRefused, read_meta
 
     if (
         args.verl_metrics is None
@@ -456,7 +456,7 @@ def run(args: argparse.Namespace) -> int:
                 token=args.token,
                 dir=directory,
             )
-    except ValueError as exc:
+    except (ValueError, RunRefused) as exc:  # RunRefused: another follow holds the run (a copy of --dir)
         raise SystemExit(f"tributary follow: {exc}") from None
     try:
         follower = Follower(the_run, metrics, rollouts, directory / CURSOR_FILE, settle_s=args.settle)
@@ -468,6 +468,9 @@ def run(args: argparse.Namespace) -> int:
         status, message = _follow(the_run, follower, args)
     except FollowError as exc:
         the_run.close()  # not ended: its message says what to fix; the same --dir goes on
+        raise SystemExit(f"tributary follow: {exc}") from None
+    except RunRefused as exc:  # heard once the web app was reachable: nothing of this follow is stored
+        the_run.close()
         raise SystemExit(f"tributary follow: {exc}") from None
     if follower.skipped.total():
         the_run.log_text(f"follow skipped {follower.skipped.words()}", "warning")

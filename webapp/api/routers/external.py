@@ -5,22 +5,30 @@ be allowed to launch in the project (member). The answer carries the run's page 
 script needs to ship its events: the ingest socket's URL, built from the request (``ws://`` or
 ``wss://`` as the request came, so it works behind the same proxy), and an ingest token
 (``webapp.runs.external``).
+
+A script that gives a ``claim`` (with its ``host`` and ``pid``) holds the run: while another
+script holds it, both calls answer 409 with ``held_by`` (where that script reports from) and no
+token, so nothing of this script is stored (``webapp.runs.external.hold_run``).
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 from django.http import HttpRequest
 from ninja import Router, Schema, Status
-from ninja.errors import ValidationError
+from ninja.errors import HttpError, ValidationError
 from pydantic import Field, field_validator
+from pydantic import ValidationError as PydanticError
 
+from tributary.protocol import CLAIM_MAX_CHARS
 from tributary.shipper import ingest_url
 from webapp.api.routers import WRITE, Id
 from webapp.api.schemas import ErrorOut, JsonValue, Name, Text, clean_tags
-from webapp.runs.external import ExternalRefused, create_external_run, token_for
+from webapp.inputs import INT_MAX
+from webapp.runs.external import ExternalRefused, ScriptHeld, create_external_run, hold_run, token_for
 from webapp.runs.models import Run
 from webapp.teams.access import NotFound, memberships_of, project_for, run_for
 from webapp.teams.choices import Role
@@ -28,10 +36,34 @@ from webapp.teams.models import Project
 
 router = Router(tags=["external runs"])
 
-REFUSED: dict[int, Any] = {409: ErrorOut}
+
+class RefusedOut(ErrorOut):
+    held_by: str | None = Field(
+        None,
+        description="Set when another script holds the run (the same client_id from another copy of the "
+        "script): the host it reports from. Start this script as a new run.",
+    )
 
 
-class ExternalRunIn(Schema):
+REFUSED: dict[int, Any] = {409: RefusedOut}
+
+
+class ScriptIn(Schema):
+    """Who asks, for a script that holds its run (the client library sends all three)."""
+
+    claim: str | None = Field(
+        None,
+        min_length=1,
+        max_length=CLAIM_MAX_CHARS,
+        pattern=r"^[A-Za-z0-9._:-]+$",
+        description="The script's claim, '<lineage>.<place>' (tributary.protocol.script_claim): while another "
+        "claim holds the run, 409 and no token. Without one, no check (clients of before).",
+    )
+    host: Text = Field("", max_length=255, description="The script's host, named in a refusal to another.")
+    pid: int | None = Field(None, ge=1, le=INT_MAX, description="The script's process id.")
+
+
+class ExternalRunIn(ScriptIn):
     project: Text = Field(
         ...,
         min_length=1,
@@ -91,8 +123,18 @@ def _project(user: Any, ref: str) -> Project:
     return project_for(user, matches[0].pk, Role.MEMBER)
 
 
-def _ingest(request: HttpRequest, run: Run) -> dict[str, str]:
-    return {"ingest_url": ingest_url(request.build_absolute_uri("/"), run.pk), "ingest_token": token_for(run)}
+def _ingest(request: HttpRequest, run: Run, script: ScriptIn | None = None) -> dict[str, str]:
+    """The run's socket and a fresh token; with a claim, once its script holds the run
+    (``ScriptHeld`` else: no token)."""
+    token = token_for(run)
+    if script is not None and script.claim:
+        hold_run(run.pk, script.claim, script.host, script.pid)
+    return {"ingest_url": ingest_url(request.build_absolute_uri("/"), run.pk), "ingest_token": token}
+
+
+def _refused(exc: ExternalRefused) -> Status[dict[str, Any]]:
+    held_by = exc.held_by if isinstance(exc, ScriptHeld) else None
+    return Status(409, {"detail": str(exc), "held_by": held_by})
 
 
 @router.post(
@@ -104,7 +146,8 @@ def create_external(request: HttpRequest, payload: ExternalRunIn) -> Status[dict
     """A run with no worker: your script trains and ships its events to ``ingest_url`` with
     ``ingest_token`` (the client library does both). 201 when created; 200 with the same run
     and a fresh token when ``client_id`` already names a run of the project. 409 when the project
-    is archived. The config is stored as given (bounded), never validated or executed."""
+    is archived, or when another script holds that run (``claim``; ``held_by`` says where it
+    reports from). The config is stored as given (bounded), never validated or executed."""
     project = _project(request.auth, payload.project)
     run, created = create_external_run(
         project,
@@ -114,21 +157,52 @@ def create_external(request: HttpRequest, payload: ExternalRunIn) -> Status[dict
         tags=payload.tags,
         client_id=payload.client_id,
     )
-    ingest = _ingest(request, run)
+    try:
+        ingest = _ingest(request, run, payload)
+    except ExternalRefused as exc:
+        return _refused(exc)
     body = {"id": run.pk, "url": request.build_absolute_uri(run.get_absolute_url()), **ingest}
     return Status(201 if created else 200, body)
+
+
+def _script_body(request: HttpRequest) -> ScriptIn | None:
+    """The optional JSON body of a token renewal: clients of before claims send ``{}`` or no body
+    at all (a form post), so ninja's body parameter, which parses any body as JSON, is not used."""
+    if request.content_type != "application/json" or not request.body.strip():
+        return None
+    try:
+        data = json.loads(request.body)
+    except ValueError as exc:
+        raise HttpError(400, f"the body is not JSON: {exc}") from None
+    try:
+        return ScriptIn.model_validate(data)
+    except PydanticError as exc:
+        raise ValidationError(
+            [
+                {"type": e["type"], "loc": ["body", "payload", *e["loc"]], "msg": e["msg"]}
+                for e in exc.errors()
+            ]
+        ) from None
 
 
 @router.post(
     "/runs/{run_id}/ingest-token",
     response={200: IngestOut, **WRITE, **REFUSED},
+    openapi_extra={
+        "requestBody": {
+            "required": False,
+            "content": {"application/json": {"schema": ScriptIn.model_json_schema()}},
+        }
+    },
     summary="A fresh ingest token for an external run (member)",
 )
 def renew_ingest_token(request: HttpRequest, run_id: Id) -> Status[dict[str, Any]]:
     """For a script that lost its token (a restart with its offline log, ``sync``). 409 for an
-    engine run: its worker holds the token its queue message carried."""
+    engine run: its worker holds the token its queue message carried; 409 with ``held_by`` when
+    another script holds the run (the body's ``claim``; no body: no check, as before claims)."""
+    script = _script_body(request)
     run = run_for(request.auth, run_id, Role.MEMBER)
     try:
-        return Status(200, _ingest(request, run))
+        return Status(200, _ingest(request, run, script))
     except ExternalRefused as exc:
-        return Status(409, {"detail": str(exc)})
+        return _refused(exc)
