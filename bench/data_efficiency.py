@@ -74,6 +74,33 @@ def curve(run: PresetRun, key: str = "eval/accuracy") -> list[dict[str, float]]:
     return out
 
 
+PLATEAU_KEYS = {
+    "entropy": "actor/entropy",
+    "zero-var": "selection/zero_var_frac",
+    "gen rounds": "filter/gen_rounds",
+    "train acc": "train/accuracy",
+    "s/step": "timing_s/step",
+}
+"""What says why a curve flattens, averaged per eval window: the policy's entropy (exploration
+left), the share of sampled groups with all-equal rewards (no GRPO signal: DAPO regenerates them,
+``filter/gen_rounds``), the sampled completions' accuracy, and the step time those rounds cost."""
+
+
+def windows(run: PresetRun, every: int) -> list[dict[str, float]]:
+    """``PLATEAU_KEYS`` averaged over each ``every``-step window (steps ``s - every + 1 .. s``)."""
+    out = []
+    last = max(run.metrics, default=0)
+    for end in range(every, last + 1, every):
+        row: dict[str, float] = {"step": end}
+        for label, key in PLATEAU_KEYS.items():
+            vals = [float(run.metrics[s][key]) for s in range(end - every + 1, end + 1)
+                    if s in run.metrics and run.metrics[s].get(key) is not None]  # fmt: skip
+            if vals:
+                row[label] = sum(vals) / len(vals)
+        out.append(row)
+    return out
+
+
 def first_reaching(points: list[dict[str, float]], bar: float) -> dict[str, float] | None:
     """The first eval point at or above ``bar`` (None: never reached)."""
     return next((p for p in points if p["accuracy"] >= bar - 1e-12), None)
@@ -96,7 +123,12 @@ def selection_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any
         if run.code != 0:
             raise SystemExit(f"{name}: the run exited with code {run.code}")
         points = curve(run)
-        arms[name] = {"overrides": overrides + extra, "wall_s": run.wall_s, "points": points}
+        arms[name] = {
+            "overrides": overrides + extra,
+            "wall_s": run.wall_s,
+            "points": points,
+            "windows": windows(run, args.eval_every),
+        }
     start = arms["uniform"]["points"][0]["accuracy"]
     uniform_final = arms["uniform"]["points"][-1]["accuracy"]
     for arm in arms.values():
@@ -140,6 +172,12 @@ def selection_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any
             for p in a["points"]
         )
         print(f"  {name}: {series}")
+    print(f"\nwhy each curve flattens, per {args.eval_every}-step window (means):", ", ".join(PLATEAU_KEYS))
+    for name, a in arms.items():
+        print(f"  {name}:")
+        for w in a["windows"]:
+            cells = ", ".join(f"{k} {w[k]:.3g}" for k in PLATEAU_KEYS if k in w)
+            print(f"    to step {w['step']}: {cells}")
     return {"start_accuracy": start, "uniform_final_accuracy": uniform_final, "arms": arms}
 
 

@@ -30,7 +30,7 @@ from engine.data.selection import (
     selection_probabilities,
     zero_variance_probability,
 )
-from engine.data.similarity import DIM, kernel_estimates, ngram_features
+from engine.data.similarity import DIM, kernel_estimates, ngram_features, ngram_matrix
 from engine.run import execute
 from tests.engine.test_run import metrics_by_step, read_events, small_config
 
@@ -104,7 +104,13 @@ def test_the_selection_weights() -> None:
 def test_the_kernel_estimate_pools_similar_measured_prompts() -> None:
     f = ngram_features("12+34=")
     assert f.shape == (DIM,) and np.linalg.norm(f) == pytest.approx(1.0)
-    assert np.array_equal(f, ngram_features("12+34="))  # CRC-32 buckets: the same in every process
+    assert np.array_equal(f, ngram_features("12+34="))  # a fixed hash: the same in every process
+    # All of a draw's prompts at once give each its own vector: no n-gram crosses from one text
+    # into the next (the 3-gram "=$1" of two texts laid end to end would count).
+    texts = ["12+34=", "", "7+8=", "naïve ∑", "12+34="]
+    rows = ngram_matrix(texts)
+    assert all(np.allclose(rows[i], ngram_features(t)) for i, t in enumerate(texts))
+    assert (ngram_features("1") > 0).sum() == 6  # ^ 1 $ ^1 1$ ^1$: six n-grams, six buckets here
     far = np.zeros(DIM)
     far[np.argmin(np.abs(f))] = 1.0  # a bucket "12+34=" does not use: cosine 0
     assert f @ far == 0.0
