@@ -135,6 +135,70 @@ def test_a_row_shows_status_creator_tags_times_and_key_metrics(
     assert 'class="badge success"' in done_row
 
 
+# The row as ``_runs_results.html`` wrote it with template tags, before ``rows.row_html`` built it
+# in Python (for the page's time): the two must agree byte for byte, escaping included.
+TEMPLATE_ROW = """<tr id="run-row-{{ row.run.pk }}" data-run-id="{{ row.run.pk }}" data-status="{{ row.status }}" data-started-at="{{ row.started_ts }}" data-finished-at="{{ row.finished_ts }}">
+                <td class="select-col"><input type="checkbox" name="runs" value="{{ row.run.pk }}" form="bulk-form" class="run-select" aria-label="Select {{ row.run.name }}"></td>
+                <td class="run-name"><a href="{{ row.run.get_absolute_url }}">{{ row.run.name }}</a>{% if row.run.is_external %} <span class="badge info run-origin" title="Trained by the user's own script, which reports here">external</span>{% endif %}</td>
+                <td class="run-status"><span class="badge {{ row.status.badge }}" data-role="status-badge"{% if row.message %} title="{{ row.message }}"{% endif %}>{{ row.status.label }}</span>{% if row.run.cancel_requested_at and row.active %} <span class="muted cancel-note">cancelling…</span>{% endif %}<span class="badge danger alert-count" data-role="alert-count" data-count="{{ row.alerts }}" title="Health alerts: see the run page"{% if not row.alerts %} hidden{% endif %}>{{ row.alerts }} alert{{ row.alerts|pluralize }}</span></td>
+                <td class="hide-narrow">{% if row.run.created_by %}{{ row.run.created_by.get_username }}{% else %}<span class="muted">—</span>{% endif %}</td>
+                <td class="hide-narrow run-tags">{% for tag in row.run.tags %}<a class="tag" href="{{ base }}?tag={{ tag|urlencode:"" }}">{{ tag }}</a>{% empty %}<span class="muted">—</span>{% endfor %}</td>
+                <td class="hide-narrow run-started">{% if row.run.started_at %}<time datetime="{{ row.run.started_at|date:'c' }}">{{ row.run.started_at|date:"Y-m-d H:i" }} UTC</time>{% else %}<span class="muted">not yet</span>{% endif %}</td>
+                <td class="run-duration" data-role="duration">{{ row.duration|default:"—" }}</td>
+                <td class="num run-step" data-role="last-step">{{ row.run.last_step }}</td>
+                <td class="run-reward">{% if row.spark %}<span class="spark">{{ row.spark }}</span>{% endif %}{% if row.reward %} <span class="num" title="{{ row.reward.0 }}">{{ row.reward.1|floatformat:3 }}</span>{% elif not row.spark %}<span class="muted">—</span>{% endif %}</td>
+                <td class="num run-accuracy">{% if row.accuracy %}<span title="{{ row.accuracy.0 }}">{{ row.accuracy.1|floatformat:3 }}</span>{% else %}<span class="muted">—</span>{% endif %}</td>
+                <td class="num hide-narrow run-entropy">{% if row.entropy %}{{ row.entropy.1|floatformat:3 }}{% else %}<span class="muted">—</span>{% endif %}</td>
+                {{ row.cells_html }}
+              </tr>"""
+
+
+def test_a_row_built_in_python_is_the_templates_row(make_run: Callable[..., Run], project: Project) -> None:
+    from django.template import engines
+
+    from webapp.alerts.models import Alert
+    from webapp.analysis.table import Column, TableState
+    from webapp.pages.teams.views import _run_rows
+    from webapp.runs.choices import RunOrigin
+
+    now = timezone.now()
+    started = now - timedelta(minutes=5, seconds=3)
+    runs = [
+        make_run(name="plain"),
+        make_run(
+            name="<b>'x' & \"y\"</b>",
+            status=RunStatus.RUNNING,
+            status_message="<img src=x> stopping & more",
+            started_at=started,
+            cancel_requested_at=now,
+            tags=["a b", "<script>", "ü/?&=", 7],
+            last_step=12345,
+            summary={"reward/mean": 2.675, "eval/accuracy": -0.0001, "actor/entropy": 1e-9},
+            origin=RunOrigin.EXTERNAL,
+            config={"x": "<i>", "n": 0.1 + 0.2},
+        ),
+        make_run(
+            name="done",
+            status=RunStatus.SUCCEEDED,
+            started_at=started,
+            finished_at=started + timedelta(hours=2),
+            summary={"train/accuracy": True, "reward/mean": 1e300},
+            tags=[],
+        ),
+    ]
+    Run.objects.filter(pk=runs[2].pk).update(created_by=None)  # its creator's account removed
+    _points(runs[0], "reward/mean", [0.1, 0.5, 0.2])
+    for i, n in ((1, 1), (2, 2)):
+        for j in range(n):
+            Alert.objects.create(run=runs[i], rule="r", step=j, seq=j, message="m")
+    state = TableState([Column("config", "x"), Column("config", "n"), Column("last", "reward/mean")])
+    rows = _run_rows(list(Run.objects.filter(project=project)), state, project, [], base="/projects/1/")
+    template = engines["django"].from_string(TEMPLATE_ROW)
+    assert len(rows) == 3 and any(row["spark"] for row in rows)
+    for row in rows:
+        assert row["html"] == template.render({"row": row, "base": "/projects/1/"})
+
+
 def test_durations_read_well() -> None:
     assert [format_duration(s) for s in (None, -3, 0, 59, 61, 3599, 3600, 90061)] == [
         "", "0s", "0s", "59s", "1m 01s", "59m 59s", "1h 00m", "25h 01m"

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote_plus
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -19,7 +20,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Count, Window
-from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -41,6 +42,7 @@ from webapp.pages.teams.forms import (
     RoleForm,
     RunFilterForm,
 )
+from webapp.pages.teams.rows import row_html
 from webapp.runs import housekeeping, selectors
 from webapp.runs.choices import ACTIVE_STATUSES, RunStatus
 from webapp.runs.models import InvalidTransition, Run
@@ -294,22 +296,10 @@ def _query(params: dict[str, Any], **changes: Any) -> str:
     it, so the URL reproduces the view; ``group=[]`` given as a change is written as an empty
     ``group=``: the URL then says "not grouped" rather than "the saved view"."""
     merged = {**params, **changes}
-    qd = QueryDict(mutable=True)
-    for key in (
-        "status",
-        "tag",
-        "q",
-        "archived",
-        "col",
-        "group",
-        "where",
-        "sort",
-        "page",
-        "fragment",
-        "drop",
-        "drop_group",
-        "drop_where",
-    ):
+    # Encoded as ``QueryDict.urlencode`` does (``quote_plus`` of each UTF-8 name and value, in
+    # this order), without building a QueryDict: a page builds some 30 of these addresses.
+    parts: list[str] = []
+    for key in QUERY_KEYS:
         value = merged.get(key)
         if (
             value in (None, "", [], False)
@@ -317,16 +307,33 @@ def _query(params: dict[str, Any], **changes: Any) -> str:
             or (key == "page" and value == 1)
         ):
             if key == "group" and changes.get("group") == []:
-                qd["group"] = ""
+                parts.append("group=")
             continue
         if isinstance(value, list):
-            qd.setlist(key, [str(v) for v in value])
+            parts.extend(f"{key}={quote_plus(str(v))}" for v in value)
         elif value is True:
-            qd[key] = "1"
+            parts.append(f"{key}=1")
         else:
-            qd[key] = str(value)
-    encoded = qd.urlencode()
-    return f"?{encoded}" if encoded else "?"
+            parts.append(f"{key}={quote_plus(str(value))}")
+    return "?" + "&".join(parts)
+
+
+QUERY_KEYS = (
+    "status",
+    "tag",
+    "q",
+    "archived",
+    "col",
+    "group",
+    "where",
+    "sort",
+    "page",
+    "fragment",
+    "drop",
+    "drop_group",
+    "drop_where",
+)
+"""The table's query string's keys, in the order ``_query`` writes them."""
 
 
 SORTABLE = {"name": "name", "status": "status", "created_at": "created_at", "last_step": "last_step"}
@@ -450,7 +457,7 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
         http_status = 400
     if http_status == 200:
         try:
-            # The config columns' cells come from the config values (``table.cell_values``).
+            # The chosen columns' cells come from ``table.cell_values``, read for the page's runs.
             runs = runs_of_project.select_related("created_by").defer("config", "notes")
             # Archived runs only on request (``archived=1``), and then only they.
             shown = housekeeping.archived if params["archived"] else housekeeping.listed
@@ -463,13 +470,16 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
                     created_by=None,
                 ),
                 state,
+                sort=None if grouping else params["sort"],
             )
             if grouping:
                 page_obj = _page_of(table.grouped(qs, state, params["sort"]), params["page"], one_pass=True)
                 groups = columns.group_rows(state, list(page_obj.object_list), query)
             else:
                 page_obj = _page_of(qs.order_by(*order), params["page"], one_pass=bool(state.wheres))
-                rows = _run_rows(list(page_obj.object_list), state, project, errors, brief=fragment)
+                rows = _run_rows(
+                    list(page_obj.object_list), state, project, errors, brief=fragment, base=base
+                )
         except DatabaseError:
             log.exception("runs table of project %s failed", project.pk)
             errors.append("The runs could not be loaded: the database did not answer. Try again in a moment.")
@@ -547,11 +557,18 @@ def _page_of(qs: Any, number: int, *, one_pass: bool) -> Page:
 
 
 def _run_rows(
-    runs: list[Run], state: table.TableState, project: Project, errors: list[str], *, brief: bool = False
+    runs: list[Run],
+    state: table.TableState,
+    project: Project,
+    errors: list[str],
+    *,
+    brief: bool = False,
+    base: str = "",
 ) -> list[dict[str, Any]]:
-    """A page of runs as rows: fixed cells, sparklines, alert counts and the chosen columns.
-    ``brief``: a group's expanded list (``_group_runs.html``), which shows no trend or alert
-    count, so neither is read."""
+    """A page of runs as rows: fixed cells, sparklines, alert counts and the chosen columns, and
+    each row's ``<tr>`` (``rows.row_html``; ``base``: the project's address, its tag links').
+    ``brief``: a group's expanded list (``_group_runs.html``), which shows no trend, alert count
+    or table row, so none is read or built."""
     ids = [r.pk for r in runs]
     sparks: dict[int, Any] = {}
     alert_counts: dict[int, int] = {}
@@ -566,15 +583,12 @@ def _run_rows(
     now = timezone.now()
     rows = []
     for r in runs:
-        cells = columns.run_cells(state, r, values)
-        rows.append(
-            {
-                **_row(r, now, sparks),
-                "alerts": alert_counts.get(r.pk, 0),
-                "cells": cells,
-                "cells_html": columns.cells_html(cells),
-            }
-        )
+        row = {**_row(r, now, sparks), "alerts": alert_counts.get(r.pk, 0)}
+        row["cells"] = cells = columns.run_cells(state, r, values)
+        if not brief:
+            row["cells_html"] = columns.cells_html(cells)
+            row["html"] = row_html(row, base)
+        rows.append(row)
     return rows
 
 
