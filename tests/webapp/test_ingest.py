@@ -259,6 +259,25 @@ def test_it_keeps_the_first_value_when_a_resumed_run_repeats_a_step(claimed) -> 
     assert Run.objects.get(pk=claimed.pk).last_seq == 2
 
 
+def test_it_stores_every_metric_name_and_value_exactly(claimed) -> None:
+    """The points go to PostgreSQL as COPY text built by ``bulk.copy_text``: names holding COPY's
+    own delimiters and escapes come back as sent, and every double bit for bit (``repr``)."""
+    names = ["tab\there", "back\\slash\\N", "new\nline", "carriage\rreturn", "\\.", "ünï/cødé ✓", "a" * 200]
+    values = [0.1 + 0.2, 2.2250738585072014e-308, 1.7976931348623157e308, 1e-05, -2.5e-300, 1e16 + 2, 1 / 3]
+    events = [
+        {**metrics(seq, seq), "values": {n: v * (-1) ** seq for n, v in zip(names, values, strict=True)}}
+        for seq in (1, 2)
+    ]
+    events[1]["values"]["an/int"] = 7  # JSON without a point: an int, stored as a double
+    ingest_events(claimed, events)
+    got = {(p.name, p.step): p.value for p in MetricPoint.objects.filter(run=claimed)}
+    expected = {(n, e["step"]): float(v) for e in events for n, v in e["values"].items()}
+    assert got.keys() == expected.keys()
+    assert [k for k in expected if got[k].hex() != expected[k].hex()] == []
+    point = MetricPoint.objects.get(run=claimed, name="tab\there", step=2)
+    assert point.time.timestamp() == T0 + 2 and point.seq == 2 and point.attempt == 1 and not point.superseded
+
+
 def test_it_keeps_one_log_line_per_seq(claimed) -> None:
     LogLine.objects.create(run=claimed, seq=1, message="a", time="2026-01-01T00:00:00Z")
     with pytest.raises(IntegrityError), transaction.atomic():

@@ -9,10 +9,13 @@ registered: a batch's status changes reach the run's watchers before the batch's
 The messages and who receives them:
 
 - ``run.status`` (``status_changed``): the run's watchers and its project's runs table.
-- ``run.progress`` (``step_moved``): the run's project's lists (the landing page's active runs),
+- ``run.progress`` (``batch_stored``): the run's project's lists (the landing page's active runs),
   the run's stored step, at most once a second per run (``webapp.live.throttle``).
-- ``run.events`` (``events_stored``): the run's watchers; ``from_seq``..``last_seq`` says which
+- ``run.events`` (``batch_stored``): the run's watchers; ``from_seq``..``last_seq`` says which
   seqs it carries, so a watcher that sees a hole reads the missing events from the database.
+  The ingest socket sends these two itself, from its event loop, once ``store_events`` returned
+  (committed) and it acked the worker; every other caller of ``store_events`` through
+  ``on_commit``. Either way after the batch's status changes and alerts, announced at its commit.
 - ``access.check`` (``access_changed``): sockets opened with a share link or by a user, told to
   check again whether they may still see what they show.
 - ``ingest.cancel`` (``cancel_requested``): the worker socket shipping the run.
@@ -25,7 +28,7 @@ The messages and who receives them:
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
 from django.db import transaction
@@ -34,6 +37,9 @@ from webapp.live.groups import ingest_group, project_group, run_group, send, sen
 from webapp.live.throttle import Throttle
 from webapp.runs.models import Run
 from webapp.runs.wording import status_words
+
+if TYPE_CHECKING:
+    from webapp.runs.ingest import Stored
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +101,38 @@ def _refresh_queues() -> None:
         log.warning("refreshing queued runs' waiting messages failed", exc_info=True)
 
 
-def events_stored(run_id: int, previous_seq: int, last_seq: int, events: list[dict[str, Any]]) -> None:
-    """Events ``previous_seq + 1``..``last_seq`` of the run were stored (``events`` as
-    JSON-ready, validated): send them to the run's watchers once that commits."""
-    message = {"type": "run.events", "from_seq": previous_seq + 1, "last_seq": last_seq, "events": events}
-    transaction.on_commit(lambda: send(run_group(run_id), message))
+async def batch_stored(stored: Stored) -> None:
+    """A batch of the engine's events is stored and committed (``webapp.runs.ingest.store_events``):
+    events ``previous_seq + 1``..``last_seq`` (as JSON-ready, validated) to the run's watchers,
+    and the run's step, when the batch moved it, to its project's lists (throttled per run; the
+    latest step of a burst is sent when the run's window closes).
+
+    Awaited on the web server's event loop: by the ingest socket after its ack, or through
+    ``batch_stored_sync``. One consumer stores and announces a run's batches one at a time, so
+    they go out in order; two sockets of one run (a worker reconnecting) may announce out of
+    order, which a watcher handles as it handles a dropped message (``RunConsumer``)."""
+    if stored.last_seq > stored.previous_seq:
+        message = {
+            "type": "run.events",
+            "from_seq": stored.previous_seq + 1,
+            "last_seq": stored.last_seq,
+            "events": stored.events,
+        }
+        await send_async(run_group(stored.run_id), message)
+    if stored.step is not None:
+        progress = {
+            "type": "run.progress",
+            "run": stored.run_id,
+            "project": stored.project_id,
+            "last_step": stored.step,
+        }
+        await _steps.offer(stored.run_id, stored.step, project_group(stored.project_id), progress)
+
+
+def batch_stored_sync(stored: Stored) -> None:
+    """``batch_stored`` from synchronous code, once the transaction commits (at once outside one):
+    one hop to the event loop for both messages."""
+    transaction.on_commit(lambda: async_to_sync(batch_stored)(stored))
 
 
 def output_stored(run_id: int, lines: list[dict[str, Any]], skipped: int = 0) -> None:
@@ -107,15 +140,6 @@ def output_stored(run_id: int, lines: list[dict[str, Any]], skipped: int = 0) ->
     ones of the same burst left out): tell its watchers once that commits."""
     message = {"type": "run.output", "lines": lines, "skipped": skipped}
     transaction.on_commit(lambda: send(run_group(run_id), message))
-
-
-def step_moved(run_id: int, project_id: int, step: int) -> None:
-    """The run's stored step moved: its project's lists hear it once that commits, throttled per
-    run; the latest step of a burst is sent when the run's window closes."""
-    message = {"type": "run.progress", "run": run_id, "project": project_id, "last_step": step}
-    transaction.on_commit(
-        lambda: async_to_sync(_steps.offer)(run_id, step, project_group(project_id), message)
-    )
 
 
 def alerts_fired(run_id: int, project_id: int, alerts: list[dict[str, Any]]) -> None:

@@ -1,8 +1,8 @@
 """The three sockets of the web app.
 
 - ``IngestConsumer`` (``/ws/ingest/<run>/``, ``Authorization: Bearer <token>``): a worker ships one run's engine events
-  (protocol in ``client/tributary/protocol.py``). Events are stored, fanned out once committed
-  (``webapp.live.announce``), then acknowledged.
+  (protocol in ``client/tributary/protocol.py``). Events are stored and committed, acknowledged,
+  then fanned out (``webapp.live.announce``).
 - ``RunConsumer`` (``/ws/runs/<run>/?after_seq=N[&share=T]``): a browser follows one run:
   stored events after N are replayed, then live ones follow, with no gap and no duplicate.
   Every ``events`` message carries ``last_seq``, the cursor to reconnect with.
@@ -50,7 +50,7 @@ from tributary.protocol import (
     MSG_CLAIM,
 )
 from webapp.inputs import BIGINT_MAX, INT_MAX
-from webapp.live.announce import status_message
+from webapp.live.announce import batch_stored, status_message
 from webapp.live.groups import ingest_group, project_group, run_group, share_group, user_group
 from webapp.live.replay import stored_events
 from webapp.runs.choices import RunStatus
@@ -130,7 +130,8 @@ class IngestConsumer(_JsonSocket):
     """The worker's socket for one run. Only the token decides who may ship: no session.
 
     An external run's script (``webapp.runs.external``) speaks the same protocol: its ``attach``
-    claims nothing (the script holds its run) and records where it reports from; cancel,
+    records where it reports from and, with a claim, is answered whether it may hold the run
+    (another script with the same client_id may: ``attach_script``); cancel,
     ``hello.cancel`` and token renewal work for it as for a worker."""
 
     external = False  # set at connect: the run is an external one
@@ -232,7 +233,9 @@ class IngestConsumer(_JsonSocket):
             )
             return
         try:
-            stored = await database_sync_to_async(store_events)(self.run_id, events, attempt=self.attempt)
+            stored = await database_sync_to_async(store_events)(
+                self.run_id, events, attempt=self.attempt, announce_events=False
+            )
         except SeqGap as gap:
             # Not fatal: the ack says what is stored, and the worker resends from there.
             await self.send_message({"type": "ack", "seq": gap.expected - 1, "resend": True})
@@ -256,7 +259,13 @@ class IngestConsumer(_JsonSocket):
         if not self.final and time.monotonic() - self.token_issued > settings.INGEST_TOKEN_MAX_AGE / 4:
             ack["token"] = ingest_token(self.run_id, self.attempt)
             self.token_issued = time.monotonic()
-        await self.send_message(ack)
+        # The batch is committed: the ack first (the worker's next batch waits for it), then the
+        # run's watchers, from this loop (no hop from the storing thread, issue 19); announced
+        # even when the ack cannot be sent, since the events are stored.
+        try:
+            await self.send_message(ack)
+        finally:
+            await batch_stored(stored)
 
     async def _output(self, message: dict[str, Any]) -> None:
         """A chunk of the engine's output (``webapp.runs.output``): stored, then acked with the
@@ -311,12 +320,15 @@ class IngestConsumer(_JsonSocket):
                 CLOSE_BAD_MESSAGE, f"attach: '{ATTACH_ENGINE_FROM}' must be a seq (an integer >= 0)"
             )
             return
-        if self.external:  # the script holds its run: no claim to win, no queue order
+        if self.external:  # the script holds its run (one script at a time), no queue order
             pid = message.get("pid")
             valid_pid = isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= INT_MAX
-            await database_sync_to_async(attach_script)(self.run_id, host, pid if valid_pid else None)
-            if claim:
-                await self.send_message({"type": MSG_CLAIM, "won": True, "message": ""})
+            answer = await database_sync_to_async(attach_script)(
+                self.run_id, host, pid if valid_pid else None, claim or ""
+            )
+            if answer is not None:  # a claim: another script may hold the run (webapp.runs.external)
+                won, why = answer
+                await self.send_message({"type": MSG_CLAIM, "won": won, "message": why})
             return
         answer = await database_sync_to_async(claim_run)(
             self.run_id, host, claim or "", getattr(self, "attempt", None), engine_from
@@ -520,7 +532,7 @@ class ProjectConsumer(_Revocable):
         await self.send_message({**message, "type": "status"})
 
     async def run_progress(self, message: dict[str, Any]) -> None:
-        """A run's step moved (``announce.step_moved``, at most once a second per run)."""
+        """A run's step moved (``announce.batch_stored``, at most once a second per run)."""
         await self.send_message({**message, "type": "progress"})
 
     async def run_alert(self, message: dict[str, Any]) -> None:

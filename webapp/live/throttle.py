@@ -1,7 +1,7 @@
 """At most one message per key and time window to a channel group, the latest one winning.
 
 A run stores a metrics point per step, up to many per second; a list of runs (the landing page's
-active runs, ``webapp.live.announce.step_moved``) needs the step to move, not every step. So the
+active runs, ``webapp.live.announce.batch_stored``) needs the step to move, not every step. So the
 first change is sent at once, changes within the next ``every`` seconds wait, and when the window
 closes the latest of them is sent: a step is never held back for longer than the window, and a
 run that stops moving still shows its last step (a send dropped at the end of a burst would show

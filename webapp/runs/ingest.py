@@ -106,9 +106,18 @@ class Stored:
     events: list[dict[str, Any]]
     quarantined: tuple[int, ...] = ()
     final: bool = False  # the run is in a final state after this batch: its token is not renewed
+    run_id: int = 0
+    project_id: int = 0
+    step: int | None = None  # the run's last step, when this batch moved it
 
 
-def store_events(run_id: int, events: Iterable[Mapping[str, Any]], *, attempt: int | None = None) -> Stored:
+def store_events(
+    run_id: int,
+    events: Iterable[Mapping[str, Any]],
+    *,
+    attempt: int | None = None,
+    announce_events: bool = True,
+) -> Stored:
     """Store a batch of engine events for run ``run_id`` idempotently.
 
     The batch may arrive out of order, repeat events already stored, or overlap an earlier
@@ -120,6 +129,12 @@ def store_events(run_id: int, events: Iterable[Mapping[str, Any]], *, attempt: i
     cancelled) is kept as a warning log line. The engine's final status closes the attempt:
     later events raise ``IngestClosed``. The run's watchers hear of the stored events and
     status changes once the batch commits (``webapp.live.announce``).
+
+    ``announce_events=False``: the batch's events and its step are not announced from here; the
+    caller sends them with ``announce.batch_stored`` once this returned (the batch is committed
+    then). The ingest socket does, from its event loop, after its ack: each ``on_commit`` send
+    from this thread is a hop to the loop and back that the worker's ack waited for (issue 19).
+    Status changes and alerts are still announced at the commit, so before the events.
 
     ``attempt`` (from the ingest token) must be the run's current attempt, else
     ``TokenRejected``: a worker of an attempt the run has moved past writes nothing.
@@ -139,22 +154,28 @@ def store_events(run_id: int, events: Iterable[Mapping[str, Any]], *, attempt: i
             raise IngestClosed(run_id, locked.final_seq, str(locked.status))
         fresh = _through_final_status(_mark_tail(locked, fresh))
         public: list[dict[str, Any]] = []
+        step: int | None = None
         if fresh:
             _check_contiguous(previous, fresh)
             step_before = locked.last_step
             fresh = _store_or_quarantine(locked, fresh)
             if locked.last_step != step_before:  # the lists of runs follow the step (throttled)
-                announce.step_moved(run_id, locked.project_id, locked.last_step)
+                step = locked.last_step
             public = [_public(e, locked.attempt_number) for e in fresh]
-            announce.events_stored(run_id, previous, fresh[-1]["seq"], public)
     quarantined = tuple(e["seq"] for e in fresh if e.get("quarantined"))
-    return Stored(
+    stored = Stored(
         previous,
         fresh[-1]["seq"] if fresh else previous,
         public,
         quarantined,
         RunStatus(locked.status).is_final,
+        run_id,
+        locked.project_id,
+        step,
     )
+    if announce_events:  # now (committed), or when a transaction of the caller commits
+        announce.batch_stored_sync(stored)
+    return stored
 
 
 def stale_attempt_reason(run_id: int, attempt: int, current: int) -> str:
@@ -267,6 +288,14 @@ def quarantine(seq: int, kind: object, why: str) -> dict[str, Any]:
     }
 
 
+_NAMES: dict[str, str] = {}
+"""Metric names as received -> as stored (``clean_text``), for names already found valid: validating
+a batch of 500 events of 50 metrics checks 50 names, not 25,000. Shared by the web process's
+threads (a dict's get and set are atomic); cleared when it holds ``MAX_NAMES_KEPT``."""
+MAX_NAMES_KEPT = 10_000
+_isfinite = math.isfinite
+
+
 def _check_event(seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
     kind = event.get("type")
     if kind not in EVENT_TYPES:
@@ -286,17 +315,26 @@ def _check_event(seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
         clean_values: dict[str, float] = {}
         non_finite: list[str] = []
         for raw_name, value in values.items():
-            name = clean_text(raw_name) if isinstance(raw_name, str) else raw_name
-            if not isinstance(name, str) or not name or len(name) > MAX_NAME:
-                raise InvalidEvent(
-                    seq, "values", f"has a bad metric name {_shown(name)} (1-{MAX_NAME} characters)"
-                )
+            # A run logs the same tens of names at every step: each is checked once (_NAMES).
+            name = _NAMES.get(raw_name) if isinstance(raw_name, str) else None
+            if name is None:
+                name = clean_text(raw_name) if isinstance(raw_name, str) else raw_name
+                if not isinstance(name, str) or not name or len(name) > MAX_NAME:
+                    raise InvalidEvent(
+                        seq, "values", f"has a bad metric name {_shown(name)} (1-{MAX_NAME} characters)"
+                    )
+                if len(_NAMES) >= MAX_NAMES_KEPT:
+                    _NAMES.clear()
+                _NAMES[raw_name] = name
+            # The common case first: a finite float, as JSON decodes a number with a point.
+            if type(value) is float and _isfinite(value):
+                clean_values[name] = value
             # The engine sends a non-finite metric as null (JSON has no NaN): nothing to plot,
             # but the health rules hear of it (a NaN loss, ``webapp.alerts.rules.NonFinite``).
-            if value is None:
+            elif value is None:
                 non_finite.append(name)
-                continue
-            clean_values[name] = _finite(seq, f"values.{name}", value)
+            else:
+                clean_values[name] = _finite(seq, f"values.{name}", value)
         out["values"] = clean_values
         if non_finite:
             out["non_finite"] = non_finite
@@ -462,6 +500,7 @@ def _store_or_quarantine(run: Run, fresh: list[dict[str, Any]]) -> list[dict[str
 def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     now = timezone.now()
     attempt = run.attempt_number
+    run_id = run.pk
     points: list[PointRow] = []
     samples: list[Sample] = []
     checkpoints: list[Checkpoint] = []
@@ -475,10 +514,10 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
         seq, kind = event["seq"], event["type"]
         owner = event.get(TAIL, attempt)  # the attempt whose engine wrote it
         if kind == "metrics":
-            for name, value in event["values"].items():
-                points.append((run.pk, name, event["step"], value, event["time"], seq, owner))
-                summary[name] = value
-            last_step = max(last_step, event["step"])
+            step, values, at = event["step"], event["values"], event["time"]
+            points.extend([(run_id, name, step, value, at, seq, owner) for name, value in values.items()])
+            summary.update(values)
+            last_step = max(last_step, step)
         elif kind == "samples":
             samples.extend(
                 Sample(run=run, step=event["step"], seq=seq, index=i, attempt=owner, **item)
