@@ -3,7 +3,8 @@ all panels drawn.
 
 The same deployment and measurements as ``bench/ui.py`` (imported from it, not copied): uvicorn
 serving ``webapp.asgi`` on SQLite, runs inserted straight into the database before the web app
-starts (their rollups built as migration analysis 0003 builds those of stored runs), Debian's Chromium driven by Playwright, signed in through the login form. The page is
+starts (their metric summaries and rollups built as migrations analysis 0001 and 0003 build those
+of stored runs: ``bench.ui.backfill``), Debian's Chromium driven by Playwright, signed in through the login form. The page is
 ``/compare/?runs=<8 ids>&metrics=<all 30>`` so that every metric has its panel (by default the
 page opens with the default RL metrics only and adds the rest through its metric search).
 
@@ -33,25 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.ui import NAMES, build_runs, first_chart, signed_in_browser  # noqa: E402
+from bench.ui import NAMES, backfill, build_runs, first_chart, signed_in_browser  # noqa: E402
 from tests.e2e.browser import prepare_site  # noqa: E402
 
 COLUMNS = ("dom_loaded", "series_kb", "series_end", "first_paint", "all_drawn")
-
-
-def backfill_rollups(ids: list[int]) -> float:
-    """The runs' rollups (``webapp.analysis.rollups``), as migration analysis 0003 builds them for
-    runs stored before it: ``build_runs`` writes the points past ingest, which keeps them."""
-    from django.db import connection, transaction
-
-    from webapp.analysis import rollups
-
-    t = time.perf_counter()
-    with transaction.atomic():
-        for run_id in ids:
-            rollups.rebuild(run_id)
-    connection.close()
-    return time.perf_counter() - t
 
 
 def main() -> None:
@@ -73,7 +59,7 @@ def main() -> None:
     t = time.perf_counter()
     ids = build_runs(site, args.runs, args.steps, names)
     built_s = time.perf_counter() - t
-    rolled_s = backfill_rollups(ids)
+    derived_s = backfill(ids)
     site.deployment.start_web()
     compare_url = f"{site.url}/compare/?runs={','.join(map(str, ids))}&metrics={','.join(names)}"
     pages = {
@@ -89,7 +75,7 @@ def main() -> None:
 
     n = args.runs * args.metrics * args.steps
     print(f"UI: compare page in headless Chromium, {args.runs} runs x {args.metrics} metrics x {args.steps:,} steps "
-          f"= {n:,} points (inserted in {built_s:.1f} s, rollups built in {rolled_s:.1f} s); {args.repeats} loads each, ms from navigation start")  # fmt: skip
+          f"= {n:,} points (inserted in {built_s:.1f} s, summaries and rollups built in {derived_s:.1f} s); {args.repeats} loads each, ms from navigation start")  # fmt: skip
     print(f"{'page':<34} {'panels':>6} {'points':>9} {'DOM ready':>9} {'series KB':>9} {'history':>8} "
           f"{'first drawn':>11} {'(max)':>6} {'all drawn':>9} {'(max)':>6}")  # fmt: skip
     med = {}

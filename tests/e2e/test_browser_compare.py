@@ -239,10 +239,12 @@ def _steps(page: Any, run_id: int) -> dict[str, list[int]]:
 def test_a_live_run_on_the_compare_page_misses_no_point(
     site: Site, browser: Any, runs: dict[str, int], tmp_path: Path
 ) -> None:
-    """The page reads a live run's cursor, then its history, then follows its socket from that
-    cursor. Points stored while the page loads are held here at the worst moment for the order
-    the page had (history of the first panel, then the cursor): the page's read of the cursor
-    waits until more points are stored. Every step must then be in every panel once, as stored."""
+    """The page gets a live run's cursor with its data (read when the server rendered it), then
+    reads its history, then follows its socket from that cursor. Points are stored here at the
+    worst moment: after the server read the first panel's history and before the page has it
+    (the answer is held), so only the socket can bring them, which it does only from a cursor
+    read before that history (a cursor read after it would leave a gap). Every step must then
+    be in every panel once, as stored."""
     finished = runs["lr1-seed0"]
     run_id = site.deployment.api(
         "POST", f"/projects/{site.project}/runs",
@@ -262,18 +264,26 @@ def test_a_live_run_on_the_compare_page_misses_no_point(
         _stored(site, engine)
 
         context, page, console = signed_in_page(browser, site, "e2e", WIDE, "/")
-        # The run's own API address (api_base): the page reads the live cursor there (lastSeq).
-        is_cursor = lambda url: urlsplit(url).path.rstrip("/") == f"/api/runs/{run_id}"  # noqa: E731
+        # The run's series (api_base + /metrics/series): the page's first read of its history.
+        is_history = lambda url: urlsplit(url).path == f"/api/runs/{run_id}/metrics/series"  # noqa: E731
         held: list[Any] = []
-        page.route(is_cursor, lambda route: held.append(route))
-        with page.expect_request(lambda r: is_cursor(r.url), timeout=WAIT * 1000):
+
+        def hold_the_first(route: Any) -> None:
+            if held:
+                route.continue_()  # the rest of the history goes through
+            else:
+                held.append(route)
+
+        page.route(is_history, hold_the_first)
+        with page.expect_request(lambda r: is_history(r.url), timeout=WAIT * 1000):
             page.goto(f"{site.url}/compare/?runs={finished},{run_id}")
         while not held:  # the route's handler runs beside the request event
             page.wait_for_timeout(20)
-        ship(range(6, 11))  # stored while the page waits for the run's cursor
+        answer = held[0].fetch()  # the history as the server reads it now: steps 1 to 5
+        ship(range(6, 11))  # stored after that read, before the page has its answer
         _stored(site, engine)
-        held[0].continue_()
-        page.unroute(is_cursor)
+        held[0].fulfill(response=answer)
+        page.unroute(is_history)
         settled(page, 2)
         ship(range(11, 16))  # live, after the page loaded
         page.wait_for_function(

@@ -180,8 +180,11 @@ def test_the_page_data_carries_configs_differing_keys_and_metric_names(
     a, b = two_runs
     _points(a, "reward/mean", [0.1])
     _points(b, "actor/entropy", [1.0, 0.9])
+    Run.objects.filter(pk=b.pk).update(last_seq=7)
     data = _data(client_for(viewer).get(f"/compare/?runs={b.pk},{a.pk}").content.decode())
     assert [r["id"] for r in data["runs"]] == [b.pk, a.pk]  # the link's order: it fixes the colours
+    # A live run's socket starts at the cursor read with the page, before its history (compare.js).
+    assert [r["last_seq"] for r in data["runs"]] == [7, 0]
     assert data["runs"][0]["config"]["optimizer.lr"] == 123.0
     assert data["runs"][0]["summaries"] == {"actor/entropy": [0.9, 0.9, 1.0]}  # final, min, max
     assert data["runs"][1]["summaries"] == {"reward/mean": [0.1, 0.1, 0.1]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from django.core.handlers.asgi import ASGIRequest
-from django.http import HttpRequest, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Field, Query, Router, Schema
 
 from webapp.api import serializers
@@ -114,15 +114,25 @@ def list_metrics(request: HttpRequest, run_id: Id) -> list[dict[str, Any]]:
     return selectors.metric_names(run_for(request.auth, run_id, Role.VIEWER))
 
 
+def series_json(payload: dict[str, Any]) -> HttpResponse:
+    """A ``SeriesSetOut`` written by pydantic-core instead of ninja's renderer (``json.dumps``
+    with its encoder): a page's history is tens of thousands of floats, and for one run of the
+    compare page (29 series of 315 points, 750 KB) that took 39 ms against 3.4 ms, plus 3.4 ms
+    to validate. The same JSON (a float in its shortest round-trip form, as Python writes it;
+    ingest stores finite values only)."""
+    body = SeriesSetOut.model_validate(payload).model_dump_json()
+    return HttpResponse(body, content_type="application/json")
+
+
 @router.get("/runs/{run_id}/metrics/series", response={200: SeriesSetOut, **READ}, summary="Metric series")
-def metric_series(request: HttpRequest, run_id: Id, params: Query[SeriesQuery]) -> dict[str, Any]:
+def metric_series(request: HttpRequest, run_id: Id, params: Query[SeriesQuery]) -> HttpResponse:
     """Per metric: ``step[]``, ``value[]`` and ``time[]`` (Unix seconds).
 
     A series longer than ``max_points`` is downsampled in the database: the first and last
     points are kept as they are and the points between go into equal-width buckets along
     ``x``, each reported by its first step and time, its mean value, and ``min[]``/``max[]``
     for a band (``downsampled: true``)."""
-    return series_response(run_for(request.auth, run_id, Role.VIEWER), params)
+    return series_json(series_response(run_for(request.auth, run_id, Role.VIEWER), params))
 
 
 @router.get(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Query, Router, Status
 
 from webapp.api import serializers
@@ -20,6 +20,7 @@ from webapp.api.routers.data import (
     SeriesQuery,
     csv_response,
     samples_response,
+    series_json,
     series_response,
 )
 from webapp.api.schemas import (
@@ -96,9 +97,9 @@ def shared_metrics(request: HttpRequest, token: str) -> list[dict[str, Any]]:
 @public_router.get(
     "/shared/{token}/metrics/series", response={200: SeriesSetOut, **PUBLIC}, summary="Shared: metric series"
 )
-def shared_series(request: HttpRequest, token: str, params: Query[SeriesQuery]) -> dict[str, Any]:
-    """As GET /api/runs/{id}/metrics/series."""
-    return series_response(_shared(token), params)
+def shared_series(request: HttpRequest, token: str, params: Query[SeriesQuery]) -> HttpResponse:
+    """As GET /api/runs/{id}/metrics/series (the same JSON writer)."""
+    return series_json(series_response(_shared(token), params))
 
 
 @public_router.get(

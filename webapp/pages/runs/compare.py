@@ -195,6 +195,9 @@ def parts_context(user: Any, runs_param: str) -> dict[str, Any]:
                     "name": r.name,
                     "status": r.status,
                     "is_final": RunStatus(r.status) in FINAL_STATUSES,
+                    # Where the page's socket of a live run starts: read here, before the
+                    # history the page reads next (compare.js, lastSeq).
+                    "last_seq": r.last_seq,
                     "points_attempt": attempts.get(r.pk, 0),
                     "api": api_base(r.pk),
                     "socket": run_socket_path(r.pk),

@@ -73,12 +73,10 @@ function takeSlot() {
   return s;
 }
 
-// Where a live run's socket starts: after the last event stored when its history was read.
-async function lastSeq(run) {
-  if (run.is_final) return 0;
-  const res = await fetch(run.api, { credentials: "same-origin" });
-  return res.ok ? (await res.json()).last_seq : 0;
-}
+// Where a live run's socket starts: its cursor as the server read it for the page's data
+// (compare.py; compare/parts/ after an add), before any of the history read next. Reading it
+// there, not from the run's API, spares a request per live run ahead of the first panel.
+function lastSeq(run) { return run.is_final ? 0 : run.last_seq; }
 
 // Follow a live run (its points appended, a rewind redrawn past its branch point, as on its page).
 function follow(run, afterSeq) {
@@ -127,13 +125,13 @@ async function reconcile() {
   const each = (load) => Promise.all(fresh.map(async (run) => {
     try { return await load(run); } catch (err) { failures.push(`${run.name}: ${err.message}`); return null; }
   }));
-  // A live run's cursor is read before any of its history (as run.js does): every point stored
-  // after it is replayed by the socket, every point before it is in the history read next (a
-  // point in both is skipped by the series). Read after the first panel's series, the points
-  // stored in between were in neither: a gap in the first panel.
+  // A live run's cursor is read before any of its history (it comes with the page's data):
+  // every point stored after it is replayed by the socket, every point before it is in the
+  // history read next (a point in both is skipped by the series). Read after the first panel's
+  // series, the points stored in between were in neither: a gap in the first panel.
   const afterSeqs = new Map();
   await each(async (run) => {
-    afterSeqs.set(run.id, await lastSeq(run));
+    afterSeqs.set(run.id, lastSeq(run));
     if (first) await loadSeries(run, [first]);
   });
   if (first) grid.schedule();
