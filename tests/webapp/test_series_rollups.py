@@ -259,3 +259,30 @@ def test_values_near_the_largest_float_neither_fail_ingest_nor_the_series(
     assert served["tiny"]["min"] == [-big] * len(served["tiny"]["step"])
     MetricRollup.objects.filter(run=run).delete()
     assert_same_series(served, series_of(run, {"max_points": 100, "after_step": None, "x": "step"}))
+
+
+def test_values_near_the_smallest_float_neither_fail_ingest_nor_the_series(
+    make_run: Callable[..., Run], valid_config: dict[str, Any]
+) -> None:
+    """A subnormal is a finite value a run may log; divided by 2^40 it underflows to 0, which
+    PostgreSQL refuses (the batch was quarantined): values under ``rollups.TINY`` count as 0 in the
+    means, in the blocks and in the points' own means alike; min and max keep them exactly."""
+    rng = random.Random(2)
+    run = make_run(config=valid_config)
+    events = [status(1, "starting"), status(2, "running")] + [
+        {"run": "r", "seq": 3 + step, "type": "metrics", "step": step, "time": T0 + step,
+         "values": {"subnormal": 5e-324, "small": -2.5e-310 if step % 2 else 1e-300, "one": 1.0}}
+        for step in range(3000)
+    ]  # fmt: skip
+    ship(rng, run, events)
+    assert not run.log_lines.filter(level="error").exists()  # nothing quarantined
+    assert MetricPoint.objects.filter(run=run, name="subnormal").count() == 3000
+    served = series_of(run, {"max_points": 100, "after_step": None, "x": "step"})
+    sub = served["subnormal"]
+    assert sub["value"][0] == sub["value"][-1] == 5e-324  # the first and last points as they are
+    assert sub["value"][1:-1] == [0.0] * (len(sub["step"]) - 2)  # bucket means: counted as 0
+    assert sub["min"][1:-1] == sub["max"][1:-1] == [5e-324] * (len(sub["step"]) - 2)
+    assert max(map(abs, served["small"]["value"])) < rollups.TINY
+    assert served["one"]["value"] == [1.0] * len(served["one"]["step"])
+    MetricRollup.objects.filter(run=run).delete()
+    assert_same_series(served, series_of(run, {"max_points": 100, "after_step": None, "x": "step"}))

