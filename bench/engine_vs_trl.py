@@ -50,10 +50,14 @@ What is matched:
 * **timing**: the first ``--warmup`` steps of each are trained but not timed; evaluation is not in
   either's step time.
 
-Not the same by design (each framework's own algorithm): the engine recomputes the old log-probs
-with an extra no-grad forward every step (TRL skips it when generation and update are aligned) and
-TRL samples the ``group`` completions of a prompt as separate rows (the engine prefills each
-prompt once). Sampling noise differs (different RNG streams), so reward curves agree only in trend.
+Neither runs an old-log-prob forward here: with one epoch and one mini-batch, strictly on-policy,
+the policy being updated is the old one (engine: ``Learner.recomputes_old_log_probs``; TRL:
+``num_iterations=1`` with generation and update aligned). Not the same by design (each framework's
+own implementation): TRL samples the ``group`` completions of a prompt as separate rows and runs
+every prompt + completion whole in its update, where the engine prefills each prompt once, runs each
+group's prompt once in its update with the responses on top, and leaves out the last response
+column (it predicts no token). Sampling noise differs (different RNG streams), so reward curves
+agree only in trend.
 
 Learning is compared per step (reward and accuracy of the sampled completions) and by the engine's
 evaluator (greedy accuracy and pass@4 on the 256 held-out prompts, ``engine.pipeline.evaluate``)

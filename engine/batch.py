@@ -11,6 +11,7 @@ The pipeline builds batches and the trainer backends train on them, so the types
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -92,41 +93,54 @@ class RolloutBatch:
     def to(self, device: torch.device | str) -> RolloutBatch:
         return replace(
             self,
-            **{f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)},
+            **{
+                f.name: getattr(self, f.name).to(device)
+                for f in fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)
+            },
         )
 
 
 def collate(rows: list[Rollout], pad_id: int, policy_version: int) -> RolloutBatch:
-    """Pad a list of rollouts into a ``RolloutBatch`` (prompts left, responses right)."""
+    """Pad a list of rollouts into a ``RolloutBatch`` (prompts left, responses right).
+
+    Each tensor is filled in one vectorised assignment (the rows' tokens concatenated, scattered
+    through the padding mask, which numpy fills in row-major order): a per-row ``torch.tensor``
+    and slice assignment cost about 0.1 ms a row, tens of ms for a few hundred rows every step.
+    """
     if not rows:
         raise ValueError("cannot build a batch from zero rollouts")
     b = len(rows)
-    p = max(len(r.prompt_ids) for r in rows)
-    r_len = max(1, max(len(r.completion.token_ids) for r in rows))
-    prompt_ids = torch.full((b, p), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((b, p), dtype=torch.long)
-    response_ids = torch.full((b, r_len), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((b, r_len), dtype=torch.float32)
-    rollout_lp = torch.zeros((b, r_len), dtype=torch.float32)
-    scores = torch.zeros((b, r_len), dtype=torch.float32)
-    for i, row in enumerate(rows):
-        ids = row.prompt_ids
-        prompt_ids[i, p - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        prompt_mask[i, p - len(ids) :] = 1
-        n = len(row.completion.token_ids)
-        if n:
-            response_ids[i, :n] = torch.tensor(row.completion.token_ids, dtype=torch.long)
-            response_mask[i, :n] = 1.0
-            rollout_lp[i, :n] = torch.tensor(row.completion.logprobs, dtype=torch.float32)
-            scores[i, n - 1] = row.reward
+    prompt_lens = np.fromiter((len(r.prompt_ids) for r in rows), dtype=np.int64, count=b)
+    lengths = np.fromiter((len(r.completion.token_ids) for r in rows), dtype=np.int64, count=b)
+    p = int(prompt_lens.max())
+    r_len = max(1, int(lengths.max()))
+    prompt_mask = np.arange(p) >= (p - prompt_lens)[:, None]  # left-padded
+    response_mask = np.arange(r_len) < lengths[:, None]  # right-padded
+    prompt_ids = np.full((b, p), pad_id, dtype=np.int64)
+    prompt_ids[prompt_mask] = np.fromiter(
+        chain.from_iterable(r.prompt_ids for r in rows), dtype=np.int64, count=int(prompt_lens.sum())
+    )
+    tokens = int(lengths.sum())
+    response_ids = np.full((b, r_len), pad_id, dtype=np.int64)
+    response_ids[response_mask] = np.fromiter(
+        chain.from_iterable(r.completion.token_ids for r in rows), dtype=np.int64, count=tokens
+    )
+    rollout_lp = np.zeros((b, r_len), dtype=np.float32)
+    rollout_lp[response_mask] = np.fromiter(
+        chain.from_iterable(r.completion.logprobs for r in rows), dtype=np.float32, count=tokens
+    )
+    scores = np.zeros((b, r_len), dtype=np.float32)
+    answered = np.flatnonzero(lengths)  # the reward sits on the last response token
+    scores[answered, lengths[answered] - 1] = [rows[i].reward for i in answered]
     index = np.array([r.group for r in rows], dtype=object)
     return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        rollout_log_probs=rollout_lp,
-        token_level_scores=scores,
+        prompt_ids=torch.from_numpy(prompt_ids),
+        prompt_mask=torch.from_numpy(prompt_mask.astype(np.int64)),
+        response_ids=torch.from_numpy(response_ids),
+        response_mask=torch.from_numpy(response_mask.astype(np.float32)),
+        rollout_log_probs=torch.from_numpy(rollout_lp),
+        token_level_scores=torch.from_numpy(scores),
         index=index,
         rows=rows,
         policy_version=policy_version,

@@ -79,14 +79,18 @@ def response_logprobs(
 
 
 def _full_hidden(trunk: nn.Module, batch: RolloutBatch) -> torch.Tensor:
-    """Hidden states ``[B, R, H]`` predicting each response token, from one pass over prompt + response."""
-    attn = batch.attention_mask
+    """Hidden states ``[B, R, H]`` predicting each response token, from one pass over prompt + response.
+
+    The last response column is not run: position ``t`` predicts token ``t + 1`` and attention is
+    causal, so that column's hidden states predict nothing and no other position reads its keys or
+    values. Leaving it out is exact and saves ``1 / (P + R)`` of the pass.
+    """
+    attn = batch.attention_mask[:, :-1]
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     hidden = trunk(
-        input_ids=batch.input_ids, attention_mask=attn, position_ids=position_ids
+        input_ids=batch.input_ids[:, :-1], attention_mask=attn, position_ids=position_ids
     ).last_hidden_state
-    p = batch.prompt_ids.shape[1]
-    return hidden[:, p - 1 : p - 1 + batch.response_ids.shape[1]]  # position t predicts token t + 1
+    return hidden[:, batch.prompt_ids.shape[1] - 1 :]  # position t predicts token t + 1
 
 
 def _shared_prompt_hidden(trunk: nn.Module, batch: RolloutBatch) -> torch.Tensor | None:
@@ -94,8 +98,8 @@ def _shared_prompt_hidden(trunk: nn.Module, batch: RolloutBatch) -> torch.Tensor
 
     A group's ``n`` completions share their prompt, so the prompt's keys and values are
     computed once (with gradients) and gathered for every row before the responses run
-    on top of them: ``P + n R`` tokens instead of ``n (P + R)`` (the shared-prompt idea of
-    DualKV). Gradients from all ``n`` rows flow back through the gather into the one
+    on top of them: ``P + n (R - 1)`` tokens instead of ``n (P + R - 1)`` (the shared-prompt
+    idea of DualKV). Gradients from all ``n`` rows flow back through the gather into the one
     prompt pass, so the result equals ``_full_hidden``'s. Returns None when no prompt is
     shared or the model's cache is not a plain ``DynamicCache``.
     """
@@ -120,17 +124,19 @@ def _shared_prompt_hidden(trunk: nn.Module, batch: RolloutBatch) -> torch.Tensor
         return None
     gather = torch.tensor(inverse, dtype=torch.long, device=batch.prompt_ids.device)
     cache.batch_select_indices(gather)
-    r = batch.response_ids.shape[1]
+    last_prompt = out.last_hidden_state[:, -1:][gather]  # predicts the first response token
+    r = batch.response_ids.shape[1] - 1  # the last response column predicts nothing (_full_hidden)
+    if r == 0:
+        return last_prompt
     prompt_len = batch.prompt_mask.sum(-1, keepdim=True)
     response = trunk(
-        input_ids=batch.response_ids,
-        attention_mask=batch.attention_mask,
+        input_ids=batch.response_ids[:, :r],
+        attention_mask=batch.attention_mask[:, :-1],
         position_ids=prompt_len + torch.arange(r, device=prompt_len.device),
         past_key_values=cache,
         use_cache=True,
     ).last_hidden_state
-    last_prompt = out.last_hidden_state[:, -1:][gather]  # predicts the first response token
-    return torch.cat([last_prompt, response[:, :-1]], dim=1)
+    return torch.cat([last_prompt, response], dim=1)
 
 
 ADDITIVE_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss"})

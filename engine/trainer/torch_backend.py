@@ -68,7 +68,7 @@ class TorchTrainer:
         if need_reference:
             self.reference = copy.deepcopy(model).eval()
             self.reference.requires_grad_(False)
-        self.optimizer, factor = optimizer_and_schedule(model, cfg)
+        self.optimizer, factor = optimizer_and_schedule(model, cfg, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.minis_per_epoch = minis_per_epoch(cfg)
         t = cfg.trainer
@@ -88,6 +88,8 @@ class TorchTrainer:
 
     def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
         size = self.cfg.trainer.micro_batch_size
+        if size >= len(batch):  # one micro-batch: the batch itself, no copy of its tensors
+            return [batch]
         return [batch.select(list(range(i, min(i + size, len(batch))))) for i in range(0, len(batch), size)]
 
     @torch.no_grad()
