@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,17 +32,6 @@ pytestmark = pytest.mark.slow
 PROJECT = "faults"
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    d = Deployment(tmp_path_factory.mktemp("claims-site"))
-    try:
-        d.setup()
-        d.start_web()
-        yield d
-    finally:
-        d.stop_all()
-
-
 def wait_acked(run: tributary.Run) -> None:
     from tests.e2e.harness import wait_until
 
@@ -51,16 +39,16 @@ def wait_acked(run: tributary.Run) -> None:
 
 
 def test_a_copy_of_a_running_scripts_directory_is_refused_and_the_first_keeps_every_event(
-    site: Deployment, tmp_path: Path
+    server: Deployment, tmp_path: Path
 ) -> None:
-    first = client_run(site, tmp_path / "first")
+    first = client_run(server, tmp_path / "first")
     train(first, range(10))
     wait_acked(first)
     copy = tmp_path / "copy"  # the directory copied (to another host, here another path) and resumed
     shutil.copytree(tmp_path / "first", copy)
     held = (copy / "events.jsonl").read_bytes()
     with pytest.raises(RunRefused) as refused:
-        tributary.init(project=PROJECT, url=site.url, token=site.api_token, resume=copy, drain_s=WAIT)
+        tributary.init(project=PROJECT, url=server.url, token=server.api_token, resume=copy, drain_s=WAIT)
     said = str(refused.value)
     assert f"run {first.id} ('first')" in said and f"{socket.gethostname()} (pid" in said
     assert "new run" in said and "client_id" in said
@@ -69,18 +57,18 @@ def test_a_copy_of_a_running_scripts_directory_is_refused_and_the_first_keeps_ev
     # The first script goes on, and everything it logged is stored: nothing was taken from the copy.
     train(first, range(10, 20))
     assert first.finish("succeeded")
-    assert site.run(first.id)["status"] == "succeeded"
-    assert_stored_equals_log(site, first.id, tmp_path / "first")
+    assert server.run(first.id)["status"] == "succeeded"
+    assert_stored_equals_log(server, first.id, tmp_path / "first")
     # Its token renewed as the copy would ask: refused with where the first reports from.
     with pytest.raises(Exception) as renewal:
-        Api(site.url, site.api_token).ingest_token(
+        Api(server.url, server.api_token).ingest_token(
             first.id, script={"claim": "0" * 32 + ".copy", "host": "gpu-copy", "pid": 1}
         )
     assert getattr(renewal.value, "held_by", None) is not None and getattr(renewal.value, "status", 0) == 409
 
 
 def test_a_script_killed_and_restarted_in_its_directory_goes_on_with_its_run(
-    site: Deployment, tmp_path: Path
+    server: Deployment, tmp_path: Path
 ) -> None:
     """Killed with SIGKILL while it was heard from a moment ago (the web app cannot tell it is
     gone): the same directory on the same host is the same script, restarted (the directory's
@@ -89,7 +77,7 @@ def test_a_script_killed_and_restarted_in_its_directory_goes_on_with_its_run(
     script = textwrap.dedent(
         f"""
         import os, signal, time, tributary
-        run = tributary.init(project={PROJECT!r}, name="killed", url={site.url!r}, token={site.api_token!r},
+        run = tributary.init(project={PROJECT!r}, name="killed", url={server.url!r}, token={server.api_token!r},
                              dir={str(directory)!r}, shipper_options={SHIPPING!r})
         for step in range(10):
             run.log({{"reward/mean": step / 10}}, step=step)
@@ -113,31 +101,31 @@ def test_a_script_killed_and_restarted_in_its_directory_goes_on_with_its_run(
     assert done.returncode == -9 and acked == 11, done.stderr  # its running status + 10 metrics
     assert json.loads((directory / "run.json").read_text())["server_id"] == run_id
     restarted = tributary.init(
-        project=PROJECT, url=site.url, token=site.api_token, resume=directory, drain_s=WAIT,
+        project=PROJECT, url=server.url, token=server.api_token, resume=directory, drain_s=WAIT,
         shipper_options=SHIPPING,
     )  # fmt: skip
     assert restarted.id == run_id
     train(restarted, range(10, 20))
     assert restarted.finish("succeeded")
     assert restarted.shipper is not None and restarted.shipper.claim_lost == ""
-    assert site.run(run_id)["status"] == "succeeded"
-    assert_stored_equals_log(site, run_id, directory)
+    assert server.run(run_id)["status"] == "succeeded"
+    assert_stored_equals_log(server, run_id, directory)
 
 
-def test_a_client_of_before_claims_ships_as_before(site: Deployment, tmp_path: Path) -> None:
+def test_a_client_of_before_claims_ships_as_before(server: Deployment, tmp_path: Path) -> None:
     """No claim anywhere (the API call, the token renewal, the socket's attach): no check."""
     directory = tmp_path / "old"
     offline = tributary.init(project=PROJECT, name="old", url="", token="", dir=directory)
     train(offline, range(8))
     assert not offline.finish("succeeded")
     meta = json.loads((directory / "run.json").read_text())
-    api = Api(site.url, site.api_token)
+    api = Api(server.url, server.api_token)
     created = api.create_run(project=PROJECT, name="old", config={}, tags=[], client_id=meta["client_id"])
     again = api.ingest_token(created.id)  # the body of before: {}
-    shipper = EventShipper(site.url, created.id, again.ingest_token, directory / "events.jsonl", **SHIPPING)
+    shipper = EventShipper(server.url, created.id, again.ingest_token, directory / "events.jsonl", **SHIPPING)
     assert shipper.claim is None
     shipper.start()
     assert shipper.finish(WAIT) and shipper.claim_lost == ""
-    assert site.run(created.id)["status"] == "succeeded"
+    assert server.run(created.id)["status"] == "succeeded"
     # The events carry the client's id, not the server's: the web app stores them under the run.
-    assert_stored_equals_log(site, created.id, directory)
+    assert_stored_equals_log(server, created.id, directory)
