@@ -250,6 +250,11 @@ export class ChartGrid {
   // blocks a frame for all panels at once). Off-screen panels wait until they are visible.
   flush() {
     if (this.layoutDirty) this.layout();
+    // The widths the plots built below need, all read before any of them writes to the page:
+    // one layout for the frame, not one forced by each panel after the previous one's writes.
+    for (const panel of this.order()) {
+      if (!this.hidden.has(panel.id) && (panel.rebuild || !panel.plot)) panel.width = panel.body.clientWidth;
+    }
     const start = performance.now();
     let drawn = 0, pending = false, total = 0, faded = 0;
     for (const panel of this.order()) {
@@ -514,7 +519,8 @@ export class ChartGrid {
       series.push(opt);
     });
     const body = panel.body;
-    const width = Math.max(240, body.clientWidth || 400);
+    const width = Math.max(240, panel.width || body.clientWidth || 400);
+    panel.width = 0;  // read for this frame's flush only: a later build measures again
     const axes = [
       xMode === "time" && this.compare ? { values: (u, vals) => vals.map(formatDuration) }
         : xMode === "step" ? { incrs: STEP_INCRS } : {},
