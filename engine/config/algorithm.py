@@ -39,6 +39,13 @@ class FilterGroupsConfig(Section):
         title="Max generation rounds",
         description="Cap on sampling rounds per step before training anyway.",
     )
+    round_size: Literal["full", "deficit"] = Field(
+        "full",
+        title="Regeneration round size",
+        description="full: every round samples a whole batch of prompts (DAPO; verl's gen_batch_size). "
+        "deficit: a round after the first samples the groups still missing divided by the share of "
+        "groups kept so far in the step, so fewer groups are generated only to be thrown away.",
+    )
 
 
 class KLRewardControllerConfig(Section):

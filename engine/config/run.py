@@ -63,6 +63,11 @@ class RunConfig(Section):
             raise ValueError(
                 "algorithm.filter_groups.enable: needs rollout.n >= 2 (a group of one has no variance)"
             )
+        if self.algorithm.filter_groups.round_size == "deficit" and self.async_.partial_rollouts:
+            raise ValueError(
+                "algorithm.filter_groups.round_size: 'deficit' sizes whole-group rounds; partial rollouts "
+                "top up their pool of groups instead: set round_size 'full' or async.partial_rollouts false"
+            )
         if self.replay.enabled:
             self._check_replay()
         check_stages(self)  # data.stages, replay.previous_stages (engine/config/stages.py)

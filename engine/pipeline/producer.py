@@ -91,6 +91,28 @@ def fresh_groups(cfg: RunConfig, step: int) -> int:
     return cfg.trainer.prompts_per_step - replayed_groups(cfg, step)
 
 
+MIN_KEEP_RATE = 1 / 8
+"""The keep rate a deficit-sized round assumes at least: a step whose groups were nearly all filtered
+so far samples at most a whole batch again (``max_num_gen_batches`` rounds bound the rest)."""
+
+
+def round_prompts(want: int, kept: int, generated: int, round_: int, size: str) -> int:
+    """Prompts to sample in round ``round_`` (0 first) of a step that needs ``want`` groups and has
+    kept ``kept`` of the ``generated`` groups scored so far.
+
+    ``full`` (DAPO, arXiv:2503.14476, section 3.2, as verl's ``gen_batch_size``): ``want`` every
+    round, so the round that completes a nearly full batch throws most of its groups away.
+    ``deficit``: the missing ``want - kept`` groups divided by this step's keep rate
+    ``kept / generated`` (at least ``MIN_KEEP_RATE``), the expected number of prompts that refill
+    the batch: a zero-variance group avoided (``data.selection``) saves its tokens, not only whole
+    rounds. Never more than ``want``."""
+    if round_ == 0 or size == "full":
+        return want
+    missing = want - kept
+    rate = max(MIN_KEEP_RATE, kept / generated) if generated else 1.0
+    return max(1, min(want, math.ceil(missing / rate)))
+
+
 def seed_for(base: int, step: int, round_: int = 0) -> int:
     """A per-step sampling seed, so a resumed run samples exactly what a straight run would."""
     return (base * 1_000_003 + step * 1_009 + round_) % (2**31 - 1)
@@ -256,7 +278,9 @@ class RolloutProducer:
             self.sampler.begin_step(step)
         for round_ in range(fg.max_num_gen_batches if fg.enable else 1):
             tally.rounds += 1
-            prompts = self.sampler.next_batch(want)
+            count = round_prompts(want, len(tally.kept), tally.total_groups, round_, fg.round_size)
+            tally.prompts += count
+            prompts = self.sampler.next_batch(count)
             sizes = self.group_sizes(prompts)
             seed = seed_for(cfg.trainer.seed, step, round_)
             size = max(1, math.ceil(len(prompts) / slices) if on_slice is not None else len(prompts))
@@ -312,6 +336,7 @@ class StepTally:
     zero_std_groups: int = 0
     total_groups: int = 0
     rounds: int = 0
+    prompts: int = 0  # sampled over the step's rounds (``filter/gen_prompts``)
     want: int = 0
     """Groups the batch takes (0: ``prompts_per_step``; fewer when rollout replay fills the rest)."""
     take_all: bool = False
@@ -358,6 +383,8 @@ class StepTally:
         }
         if self.cfg.algorithm.filter_groups.enable:
             out["filter/gen_rounds"] = float(self.rounds)
+            if self.prompts:  # the partial mode's rounds top up its pool instead
+                out["filter/gen_prompts"] = float(self.prompts)
             out["filter/kept_groups"] = float(len(self.batch_groups))
         return out
 

@@ -37,7 +37,9 @@ def test_every_preset_validates(name: str) -> None:
     assert cfg.preset == name
     for key, value in PRESETS[name]["algorithm"].items():
         got = getattr(cfg.algorithm, key)
-        assert (got.model_dump() if hasattr(got, "model_dump") else got) == value
+        if hasattr(got, "model_dump"):  # a section: the fields the preset sets (the rest keep defaults)
+            got = {k: v for k, v in got.model_dump().items() if k in value}
+        assert got == value
 
 
 def test_dapo_preset_has_its_four_techniques() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import PRESETS, build_config
+from engine.config import PRESETS, ConfigError, build_config
 from engine.contracts import EXIT_CANCELLED, EXIT_SUCCEEDED
 from engine.run import execute
 
@@ -70,9 +70,21 @@ def test_run_writes_the_protocol_and_resume_is_exact(tiny_model_dir: Path, tmp_p
     assert sorted(metrics) == [0, 1, 2, 3, 4]  # step 0 is the eval before training
     step = metrics[1]
     for name in (
-        "reward/mean", "reward/std", "reward/task/mean", "train/accuracy", "response_length/mean",
-        "response_length/clip_ratio", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
-        "actor/kl_loss", "actor/grad_norm", "actor/lr", "frac_reward_zero_std", "critic/advantages/mean",
+        "reward/mean",
+        "reward/std",
+        "reward/task/mean",
+        "train/accuracy",
+        "response_length/mean",
+        "response_length/clip_ratio",
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/entropy",
+        "actor/kl_loss",
+        "actor/grad_norm",
+        "actor/lr",
+        "frac_reward_zero_std",
+        "critic/advantages/mean",
     ):
         assert name in step, name
     assert "eval/accuracy" in metrics[2] and "eval/pass@2" in metrics[2]
@@ -89,7 +101,9 @@ def test_run_writes_the_protocol_and_resume_is_exact(tiny_model_dir: Path, tmp_p
     assert execute(resumed_cfg, resume=str(ckpt)) == EXIT_SUCCEEDED
     resumed = read_events(tmp_path / "b" / "events.jsonl")
     assert resumed[0]["seq"] > checkpoints[0]["seq"]  # seq continues after the checkpoint's
-    assert "resumed at step 2, training on cpu" in [e.get("message") for e in resumed if e["type"] == "status"]
+    assert "resumed at step 2, training on cpu" in [
+        e.get("message") for e in resumed if e["type"] == "status"
+    ]
     # A consumer states its own cursor: the web app's resumed run is a new run numbered from 1.
     assert execute(resumed_cfg, resume=str(ckpt), events=str(tmp_path / "c.jsonl"), start_seq=0) == 0
     assert read_events(tmp_path / "c.jsonl")[0]["seq"] == 1
@@ -108,10 +122,14 @@ def cancel_then_resume(cfg: dict, tmp_path: Path, *, after_step: int = 1, more_s
     cfg_path = tmp_path / "run.json"
     cfg_path.write_text(json.dumps(cfg))
     events_path = tmp_path / "run" / "events.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "run", str(cfg_path)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine", "run", str(cfg_path)], stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
-        if events_path.exists() and any(e["type"] == "metrics" and e["step"] >= after_step for e in read_events(events_path)):
+        if events_path.exists() and any(
+            e["type"] == "metrics" and e["step"] >= after_step for e in read_events(events_path)
+        ):
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
@@ -156,7 +174,10 @@ def test_sigterm_checkpoints_and_exits_cancelled_then_resumes(tiny_model_dir: Pa
 def test_cli_errors_are_one_line_without_traceback(args: list[str], needle: str, tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "engine", *args, "--set", f"output_dir={tmp_path}"],
-        capture_output=True, text=True, timeout=120, env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
     )
     assert out.returncode != 0
     assert needle in out.stderr and "Traceback" not in out.stderr
@@ -231,3 +252,38 @@ def test_a_signal_during_an_event_write_writes_nothing_inside_it(tmp_path: Path)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [e["type"] for e in lines] == ["heartbeat"]
     assert loop.stop_requested and loop.stop_signal == "SIGTERM"
+
+
+def test_deficit_sized_rounds_sample_what_refills_the_batch() -> None:
+    """DAPO's later rounds: ``full`` samples a whole batch each round; ``deficit`` the missing groups
+    over the step's keep rate (at least 1/8), at least one prompt and at most a batch."""
+    from engine.pipeline.producer import round_prompts
+
+    assert [round_prompts(32, 0, 0, 0, size) for size in ("full", "deficit")] == [32, 32]  # first round
+    assert round_prompts(32, 24, 32, 1, "full") == 32
+    assert round_prompts(32, 24, 32, 1, "deficit") == 11  # 8 missing / 0.75 kept = 10.7
+    assert round_prompts(32, 31, 33, 2, "deficit") == 2  # 1 / (31/33) = 1.06
+    assert round_prompts(32, 2, 32, 1, "deficit") == 32  # keep rate 1/16 -> 1/8: 30 * 8, capped
+    assert round_prompts(32, 0, 32, 1, "deficit") == 32  # nothing kept yet: a whole batch again
+
+
+def test_deficit_rounds_are_refused_with_partial_rollouts(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = small_config(tiny_model_dir, tmp_path)
+    data["algorithm"]["filter_groups"] = {"enable": True, "round_size": "deficit"}
+    data["async"] = {"max_staleness": 2, "partial_rollouts": True}
+    with pytest.raises(ConfigError, match="round_size"):
+        build_config(data)
+
+
+def test_a_dapo_run_with_deficit_rounds_reports_the_prompts_it_sampled(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The random tiny model's groups are all equal, all filtered: with nothing kept, a deficit round
+    samples a whole batch, as a full one does, and the step counts every prompt it sampled."""
+    data = small_config(tiny_model_dir, tmp_path, total_steps=1, eval_every=0)
+    data["preset"] = "dapo"
+    data["algorithm"] = {"filter_groups": {"round_size": "deficit", "max_num_gen_batches": 3}}
+    assert execute(build_config(data)) == EXIT_SUCCEEDED
+    values = metrics_by_step(read_events(tmp_path / "events.jsonl"))[1]
+    assert values["filter/gen_rounds"] == 3 and values["filter/kept_groups"] == 0
+    assert values["filter/gen_prompts"] == 3 * 4
