@@ -158,7 +158,7 @@ def test_a_row_built_in_python_is_the_templates_row(make_run: Callable[..., Run]
 
     from webapp.alerts.models import Alert
     from webapp.analysis.table import Column, TableState
-    from webapp.pages.teams.views import _run_rows
+    from webapp.pages.teams.views import run_rows
     from webapp.runs.choices import RunOrigin
 
     now = timezone.now()
@@ -192,7 +192,7 @@ def test_a_row_built_in_python_is_the_templates_row(make_run: Callable[..., Run]
         for j in range(n):
             Alert.objects.create(run=runs[i], rule="r", step=j, seq=j, message="m")
     state = TableState([Column("config", "x"), Column("config", "n"), Column("last", "reward/mean")])
-    rows = _run_rows(list(Run.objects.filter(project=project)), state, project, [], base="/projects/1/")
+    rows = run_rows(list(Run.objects.filter(project=project)), state, project, [], base="/projects/1/")
     template = engines["django"].from_string(TEMPLATE_ROW)
     assert len(rows) == 3 and any(row["spark"] for row in rows)
     for row in rows:

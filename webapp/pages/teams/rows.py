@@ -64,7 +64,7 @@ def _reward(row: dict[str, Any]) -> str:
 
 
 def row_html(row: dict[str, Any], base: str) -> SafeString:
-    """One run's ``<tr>`` of the table (``views._run_rows``' row: its run, status, alerts, trend,
+    """One run's ``<tr>`` of the table (``views.run_rows``' row: its run, status, alerts, trend,
     fixed metrics and ``cells_html``); ``base`` is the project's address (the tag links')."""
     run, status, alerts = row["run"], row["status"], row["alerts"]
     pk = _text(run.pk)

@@ -477,7 +477,7 @@ def project_page(request: HttpRequest, project_id: int) -> HttpResponse:
                 groups = columns.group_rows(state, list(page_obj.object_list), query)
             else:
                 page_obj = _page_of(qs.order_by(*order), params["page"], one_pass=bool(state.wheres))
-                rows = _run_rows(
+                rows = run_rows(
                     list(page_obj.object_list), state, project, errors, brief=fragment, base=base
                 )
         except DatabaseError:
@@ -556,7 +556,7 @@ def _page_of(qs: Any, number: int, *, one_pass: bool) -> Page:
     return Page(rows, number if rows else 1, paginator)
 
 
-def _run_rows(
+def run_rows(
     runs: list[Run],
     state: table.TableState,
     project: Project,
