@@ -82,6 +82,7 @@ from tributary.protocol import (  # noqa: E402, F401 - re-exported
     CLOSE_BAD_EVENT,
     CLOSE_BAD_MESSAGE,
     CLOSE_BAD_TOKEN,
+    CLOSE_CLAIM_LOST,
     CLOSE_NO_RUN,
     CLOSE_RUN_OVER,
     CLOSE_TOO_BIG,

@@ -62,13 +62,14 @@ CLOSE_BAD_MESSAGE = 4400  # not JSON, not an object, unknown message type (brows
 CLOSE_BAD_TOKEN = 4401  # missing, forged or expired token: get a new one by requeueing
 CLOSE_WRONG_RUN = 4403  # a valid token, but for another run
 CLOSE_NO_RUN = 4404  # the run does not exist (deleted)
+CLOSE_CLAIM_LOST = 4409  # another script took the external run over (its claim): this one ships no more
 CLOSE_RUN_OVER = 4410  # the engine's final status is stored: the attempt takes no more events
 CLOSE_TOO_BIG = 4413  # message larger than the limit
 CLOSE_BAD_EVENT = 4422  # an event without a usable seq; nothing of the batch was stored
 CLOSE_UNAVAILABLE = 1011  # the database failed: the worker reconnects and resends
 # Codes after which reconnecting cannot help: the worker's supervisor stops the run instead.
 FATAL_CLOSE_CODES: frozenset[int] = frozenset(
-    {CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_RUN_OVER, CLOSE_BAD_EVENT}
+    {CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN, CLOSE_NO_RUN, CLOSE_CLAIM_LOST, CLOSE_RUN_OVER, CLOSE_BAD_EVENT}
 )
 
 # Where the engine writes an event's seq: right at the start (``{"run":..,"seq":N,...``); read

@@ -19,7 +19,9 @@ One ``EventShipper`` per run, in its own thread, speaking ``client/tributary/pro
   app knows again which worker holds the run), then batches. With a ``claim`` id and a web app
   that grants claims (``hello`` says so), ``attach`` carries the claim and nothing is shipped
   before the web app's ``claim`` answer: a lost claim ends the shipper (``claim_lost``), since
-  another supervisor holds the run and this one must not touch it.
+  another supervisor holds the run and this one must not touch it. So does a claim lost later
+  (close ``CLOSE_CLAIM_LOST``: a copy of an external run's script took the run over while this
+  one was silent).
 - Tokens: ``hello`` and ``ack`` may carry a fresh token, used for the next connection.
 - Waiting for the log to grow (``_idle``): a writer in the same process (``tributary.Run``'s
   writer thread, an in-process ``EventSink``) calls ``wake()`` after each write, and the shipper
@@ -63,6 +65,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from tributary.protocol import (
     ATTACH_CLAIM,
+    CLOSE_CLAIM_LOST,
     FATAL_CLOSE_CODES,
     HELLO_CLAIMS,
     HELLO_OUTPUT_OFFSET,
@@ -489,6 +492,10 @@ class EventShipper:
                     return
                 except (OSError, TimeoutError, WebSocketException, _Reconnect) as exc:
                     code = _close_code(exc)
+                    if code == CLOSE_CLAIM_LOST:
+                        self.claim_lost = self.last_error_message or _close_reason(exc) or "another script holds the run"
+                        log.warning("run %s: claim lost: %s", self.run_id, self.claim_lost)
+                        return
                     if code in FATAL_CLOSE_CODES:
                         reason = self.last_error_message or _close_reason(exc) or "no reason given"
                         self.error = ShipperFatal(code, reason)

@@ -9,12 +9,16 @@ own directory goes on with its run at once; a client of before claims ships as i
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -26,6 +30,7 @@ from tests.e2e.harness import WAIT, Deployment
 from tributary.api import Api
 from tributary.run import RunRefused
 from tributary.shipper import EventShipper
+from webapp.runs.external import HOLDER_SILENT_S
 
 pytestmark = pytest.mark.slow
 
@@ -65,6 +70,40 @@ def test_a_copy_of_a_running_scripts_directory_is_refused_and_the_first_keeps_ev
             first.id, script={"claim": "0" * 32 + ".copy", "host": "gpu-copy", "pid": 1}
         )
     assert getattr(renewal.value, "held_by", None) is not None and getattr(renewal.value, "status", 0) == 409
+
+
+def test_a_script_cut_off_while_a_copy_took_its_run_over_stops_and_the_copy_ships_on(
+    server: Deployment, tmp_path: Path
+) -> None:
+    """The first script was silent for ``HOLDER_SILENT_S`` (cut off: here its last word is set
+    back in the web app's database) but lives on with its socket open, and a copy of its
+    directory took the run over. The first's next batch is refused (``CLOSE_CLAIM_LOST``): it
+    raises ``RunRefused`` from its next logging call and asks training to stop; nothing it logged
+    after the takeover is stored, and the run is exactly the copy's log."""
+    first = client_run(server, tmp_path / "first")
+    train(first, range(10))
+    wait_acked(first)
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "first", copy)
+    then = (datetime.now(UTC) - timedelta(seconds=HOLDER_SILENT_S + 1)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    with sqlite3.connect(server.data / "tributary.sqlite3") as db:
+        db.execute("UPDATE runs_run SET worker_seen_at = ?, heartbeat_at = ? WHERE id = ?", (then, then, first.id))
+    taken = tributary.init(
+        project=PROJECT, url=server.url, token=server.api_token, resume=copy, drain_s=WAIT, shipper_options=SHIPPING
+    )
+    assert taken.id == first.id
+    deadline = time.monotonic() + WAIT
+    with pytest.raises(RunRefused) as refused:
+        for step in itertools.count(10):  # the first logs on until the web app's refusal reaches it
+            assert time.monotonic() < deadline, "the first script was never refused"
+            train(first, range(step, step + 1))
+            time.sleep(0.05)
+    assert "taken over by another copy" in str(refused.value) and f"run {first.id}" in str(refused.value)
+    assert first.should_stop() and first.shipper is not None and first.shipper.claim_lost
+    train(taken, range(10, 20))
+    assert taken.finish("succeeded")
+    assert server.run(first.id)["status"] == "succeeded"
+    assert_stored_equals_log(server, first.id, copy)
 
 
 def test_a_script_killed_and_restarted_in_its_directory_goes_on_with_its_run(

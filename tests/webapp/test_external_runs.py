@@ -11,6 +11,7 @@ hears a Cancel from the page, live and on reconnect.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import socket
@@ -30,10 +31,12 @@ from django.utils import timezone
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from engine.contracts import CLOSE_CLAIM_LOST
 from tests.webapp.event_builders import metrics, samples, status
+from tributary.protocol import script_claim
 from webapp.runs import placement, reconcile
 from webapp.runs.choices import RunOrigin, RunStatus
-from webapp.runs.external import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
+from webapp.runs.external import HOLDER_SILENT_S, MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
 from webapp.runs.models import MetricPoint, Run, RunAttempt, Sample
 from webapp.runs.services import request_cancel
 from webapp.runs.sweeper import sweep_lost_runs
@@ -294,14 +297,19 @@ async def _message(ws: ClientConnection, kind: str) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def _script(
-    url: str, token: str, host: str = "laptop-3", pid: int = 4242
+    url: str, token: str, host: str = "laptop-3", pid: int = 4242, claim: str | None = None
 ) -> AsyncIterator[tuple[ClientConnection, dict[str, Any]]]:
-    """A script's connection: hello read, attach sent (as ``tributary.shipper`` does)."""
+    """A script's connection: hello read, attach sent (as ``tributary.shipper`` does); with a
+    ``claim``, the web app's answer read too (it must be won)."""
     async with connect(
         url, additional_headers={"Authorization": f"Bearer {token}"}, open_timeout=TIMEOUT
     ) as ws:
         hello = await _message(ws, "hello")
-        await ws.send(json.dumps({"type": "attach", "host": host, "pid": pid}))
+        attach = {"type": "attach", "host": host, "pid": pid}
+        await ws.send(json.dumps(attach if claim is None else {**attach, "claim": claim}))
+        if claim is not None:
+            answer = await _message(ws, "claim")
+            assert answer["won"], answer
         yield ws, hello
 
 
@@ -441,6 +449,53 @@ async def test_a_run_ended_here_refuses_what_its_script_still_sends(
         lambda: list(MetricPoint.objects.filter(run_id=pk).values_list("step", flat=True))
     )()
     assert steps == [1]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+async def test_a_script_whose_run_a_copy_took_over_ships_nothing_more(
+    web: str, member: Any, project: Project, token_for: Any
+) -> None:
+    """Its script went silent (cut off, not dead: its sockets still open) and a copy of its
+    directory elsewhere took the run over (``webapp.runs.external.hold_run``). Both would number
+    their events from the same seq: the first one's next batch, and its next output chunk, are
+    refused with ``CLOSE_CLAIM_LOST``, naming where the run is reported from now, and nothing of
+    them is stored; the copy ships on."""
+    lineage, client_id, token = uuid.uuid4().hex, str(uuid.uuid4()), await sync_to_async(token_for)(member)
+    first_claim, copy_claim = script_claim(lineage, "gpu-7", "/runs/a"), script_claim(lineage, "gpu-8", "/runs/a")
+    created = await _api_create(web, member, token_for, client_id=client_id, claim=first_claim)
+    pk, url = created["id"], created["ingest_url"]
+    output = {"type": "output", "stream": "engine.log", "offset": 0, "data": base64.b64encode(b"late\n").decode()}
+    async with (
+        _script(url, created["ingest_token"], "gpu-7", 100, first_claim) as (events_socket, _),
+        _script(url, created["ingest_token"], "gpu-7", 100, first_claim) as (output_socket, _),
+    ):
+        await _ship(events_socket, [status(1, "running"), metrics(2, 1, reward=0.5)])
+        then = timezone.now() - timedelta(seconds=HOLDER_SILENT_S + 1)
+        await database_sync_to_async(Run.objects.filter(pk=pk).update)(worker_seen_at=then, heartbeat_at=then)
+        body = {"client_id": client_id, "claim": copy_claim, "host": "gpu-8", "pid": 300}
+        taken = await sync_to_async(_create)(Client(HTTP_HOST=web), token, **body)
+        assert taken.status_code == 200 and taken.json()["id"] == pk, taken.content
+        async with _script(url, taken.json()["ingest_token"], "gpu-8", 300, copy_claim) as (copy, copy_hello):
+            for ws, message in (
+                (events_socket, {"type": "events", "events": [metrics(3, 2, reward=0.0)]}),
+                (output_socket, output),
+            ):
+                await ws.send(json.dumps(message))
+                error = await _message(ws, "error")
+                assert error["code"] == CLOSE_CLAIM_LOST and "gpu-8 (pid 300)" in error["message"], error
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        await asyncio.wait_for(ws.recv(), TIMEOUT)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == CLOSE_CLAIM_LOST
+            assert copy_hello["last_seq"] == 2
+            assert (await _ship(copy, [metrics(3, 2, reward=1.0)]))["seq"] == 3
+    points = await database_sync_to_async(
+        lambda: list(MetricPoint.objects.filter(run_id=pk).order_by("step").values_list("step", "value"))
+    )()
+    assert points == [(1, 0.5), (2, 1.0)]
+    run = await _run(pk)
+    assert (run.claim, run.output_bytes) == (copy_claim, 0)
 
 
 def test_the_pages_cancel_words_say_what_happened(

@@ -135,6 +135,7 @@ class IngestConsumer(_JsonSocket):
     ``hello.cancel`` and token renewal work for it as for a worker."""
 
     external = False  # set at connect: the run is an external one
+    claim = ""  # an external run's: the claim its script's attach won (what it ships is checked against it)
 
     async def connect(self) -> None:
         """Admit the worker of the run's current attempt (the token is read from the
@@ -234,7 +235,7 @@ class IngestConsumer(_JsonSocket):
             return
         try:
             stored = await database_sync_to_async(store_events)(
-                self.run_id, events, attempt=self.attempt, announce_events=False
+                self.run_id, events, attempt=self.attempt, claim=self.claim, announce_events=False
             )
         except SeqGap as gap:
             # Not fatal: the ack says what is stored, and the worker resends from there.
@@ -274,7 +275,9 @@ class IngestConsumer(_JsonSocket):
             stream, offset, data = decode_chunk(
                 message.get("stream"), message.get("offset"), message.get("data")
             )
-            held = await database_sync_to_async(store_output)(self.run_id, self.attempt, stream, offset, data)
+            held = await database_sync_to_async(store_output)(
+                self.run_id, self.attempt, stream, offset, data, self.claim
+            )
         except OutputRefused as exc:
             await self.refuse(CLOSE_BAD_MESSAGE, str(exc))
             return
@@ -328,6 +331,8 @@ class IngestConsumer(_JsonSocket):
             )
             if answer is not None:  # a claim: another script may hold the run (webapp.runs.external)
                 won, why = answer
+                if won:  # what this socket sends from now on is taken only while the claim holds
+                    self.claim = claim
                 await self.send_message({"type": MSG_CLAIM, "won": won, "message": why})
             return
         answer = await database_sync_to_async(claim_run)(

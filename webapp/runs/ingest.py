@@ -47,7 +47,7 @@ from webapp.live import announce
 from webapp.runs.bulk import PointRow, insert_metric_points
 from webapp.runs.choices import LogLevel, RunStatus
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, RunAttempt, Sample
-from webapp.runs.tokens import TokenRejected
+from webapp.runs.tokens import TokenRejected, check_holder
 from webapp.runs.wording import status_words
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ def store_events(
     events: Iterable[Mapping[str, Any]],
     *,
     attempt: int | None = None,
+    claim: str = "",
     announce_events: bool = True,
 ) -> Stored:
     """Store a batch of engine events for run ``run_id`` idempotently.
@@ -137,7 +138,9 @@ def store_events(
     Status changes and alerts are still announced at the commit, so before the events.
 
     ``attempt`` (from the ingest token) must be the run's current attempt, else
-    ``TokenRejected``: a worker of an attempt the run has moved past writes nothing.
+    ``TokenRejected``: a worker of an attempt the run has moved past writes nothing. ``claim``
+    (an external run's socket: what its script attached with) must still hold the run
+    (``tokens.check_holder``): a script whose run a copy of it took over writes nothing.
     """
     batch = _validated(events)
     with transaction.atomic():
@@ -148,6 +151,7 @@ def store_events(
         ).get(pk=run_id)
         if attempt is not None and attempt != locked.attempt:
             raise TokenRejected(CLOSE_BAD_TOKEN, stale_attempt_reason(run_id, attempt, locked.attempt))
+        check_holder(locked, claim)
         previous = locked.last_seq
         fresh = [e for e in batch if e["seq"] > previous]
         if fresh and locked.final_seq is not None and fresh[0]["seq"] > locked.final_seq:

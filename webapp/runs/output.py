@@ -49,7 +49,7 @@ from engine.output_lines import split_lines
 from tributary.protocol import OUTPUT_CHUNK_BYTES, OUTPUT_STREAM_MAX_CHARS
 from webapp.live import announce
 from webapp.runs.models import OutputLine, Run
-from webapp.runs.tokens import TokenRejected
+from webapp.runs.tokens import TokenRejected, check_holder
 
 OUTPUT_LINES_KEPT = 5000
 LIVE_LINES = 1000  # lines of one chunk sent to the pages live
@@ -107,10 +107,11 @@ def _cap_line(cap: int) -> bytes:
     ).encode()
 
 
-def store_output(run_id: int, attempt: int, stream: str, offset: int, data: bytes) -> int:
+def store_output(run_id: int, attempt: int, stream: str, offset: int, data: bytes, claim: str = "") -> int:
     """Store bytes of the output file ``stream`` from its byte ``offset`` on, shipped by the worker
     of ``attempt``; see the module docstring. Returns the cursor after it (what the socket acks).
-    Raises ``TokenRejected`` for an attempt the run has moved past."""
+    Raises ``TokenRejected`` for an attempt the run has moved past, or for an external run's
+    script that no longer holds it (``claim``: ``tokens.check_holder``)."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         if attempt != run.attempt:
@@ -118,6 +119,7 @@ def store_output(run_id: int, attempt: int, stream: str, offset: int, data: byte
                 CLOSE_BAD_TOKEN,
                 f"the output is of attempt {attempt} of run {run_id}; the run is at attempt {run.attempt}",
             )
+        check_holder(run, claim)
         new_stream = stream != run.output_stream
         held = offset if new_stream else run.output_bytes
         if offset > held:

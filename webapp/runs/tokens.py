@@ -11,6 +11,11 @@ message, say) is refused. The web app renews the token over the open socket (``h
 some ``ack`` messages carry a fresh one), so a run longer than the lifetime keeps working,
 but never for a run in a final state: such a run's worker may only drain the tail of its
 attempt (``webapp.runs.ingest`` refuses anything after the engine's final status).
+
+An external run has one attempt, and one script holds it (``webapp.runs.external``): a copy of
+the script's directory may take the run over once its holder has gone silent, so the token alone
+does not say who ships. The socket remembers the claim its script attached with, and what it
+sends is checked against the run's claim under the same row lock (``check_holder``).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from django.core import signing
 from django.db import transaction
 from django.db.models import F
 
-from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_WRONG_RUN
+from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_CLAIM_LOST, CLOSE_WRONG_RUN
 from webapp.runs.models import Run
+from webapp.runs.placement import reporting_from
 
 _SALT = "tributary.ingest"
 
@@ -32,6 +38,20 @@ class TokenRejected(Exception):
     def __init__(self, code: int, reason: str) -> None:
         self.code = code
         super().__init__(reason)
+
+
+def check_holder(run: Run, claim: str) -> None:
+    """``TokenRejected`` (``CLOSE_CLAIM_LOST``) when the socket's script no longer holds the
+    external run ``run`` (read under its row lock): ``claim`` is the one it attached with, "" for
+    a client of before claims (never checked, as before). The script that lost the run stops
+    (the client raises ``RunRefused``); its events stay in its directory."""
+    if claim and run.claim and run.claim != claim:
+        raise TokenRejected(
+            CLOSE_CLAIM_LOST,
+            f"run {run.pk} was taken over by another copy of this script's run directory, reporting from "
+            f"{reporting_from(run.worker_host, run.client_pid)} (this script had gone silent): the web app "
+            "takes no more of this script's events. Stop it, or start it as a new run (a new directory)",
+        )
 
 
 def ingest_token(run_id: int, attempt: int | None = None) -> str:
