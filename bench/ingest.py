@@ -116,7 +116,7 @@ def start_web(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
 
 
 def write_log(path: Path, run_id: int, steps: int, n_metrics: int) -> int:
-    from engine.events import EventSink
+    from tributary.events import EventSink
 
     sink = EventSink(str(run_id), path)
     names = [f"bench/metric_{i:02d}" for i in range(n_metrics)]
@@ -306,7 +306,7 @@ def latency(
     n_events: int,
     mode: str = "adaptive",
 ) -> dict[str, Any]:
-    from engine.events import EventSink
+    from tributary.events import EventSink
     from tributary.shipper import EventShipper
     from webapp.live.groups import run_group
     from webapp.runs.models import ShareLink

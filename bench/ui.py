@@ -224,7 +224,7 @@ class Stream:
     def __init__(
         self, site: Any, run_id: int, after_step: int, names: list[str], rate: float, path: Path
     ) -> None:
-        from engine.events import EventSink
+        from tributary.events import EventSink
 
         self.site, self.run_id, self.names, self.rate = site, run_id, names, rate
         self.sink = EventSink(str(run_id), path, start_seq=after_step)

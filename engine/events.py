@@ -1,25 +1,14 @@
-"""The engine's event stream: the JSONL protocol of ARCHITECTURE.md.
+"""The engine's heartbeat on its event stream (the JSONL protocol of ARCHITECTURE.md).
 
 The writer (``EventSink``) and its rules (``clean``: strict, storable JSON) are
-``tributary.events``, shared with the client library; this module adds the engine's heartbeat.
+``tributary.events``, shared with the client library, and imported from there.
 """
 
 from __future__ import annotations
 
 import threading
 
-# The writing rules live in the client library (standard library only), so a user's own training
-# script writes its log exactly as the engine does; re-exported here for the engine's modules.
-from tributary.events import (  # noqa: F401 - re-exported
-    DEPTH_MARK,
-    MAX_DEPTH,
-    REPLACEMENT,
-    EventSink,
-    clean,
-    clean_text,
-    encode,
-    last_seq_in,
-)
+from tributary.events import EventSink
 
 
 class EventHeartbeat:

@@ -4,7 +4,7 @@ lines a page can show, each with a level.
 Output is bytes from anywhere (native libraries, progress bars, a crashing process), so nothing
 here fails on them: invalid UTF-8 becomes U+FFFD, terminal escapes (colours, cursor moves) are
 dropped, other control characters too (a tab becomes spaces), a progress bar's ``\\r`` redraws
-show their last state, NUL and lone surrogates cannot survive (``engine.events.clean_text``), and
+show their last state, NUL and lone surrogates cannot survive (``tributary.events.clean_text``), and
 a line longer than ``MAX_LINE_CHARS`` is cut with a mark (the full file keeps it whole). Lines
 that mirror the engine's log events (``engine.log_bridge``) are left out: they are shown as events.
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from engine.events import clean_text
 from engine.log_bridge import is_mirrored
+from tributary.events import clean_text
 
 MAX_LINE_CHARS = 4000
 

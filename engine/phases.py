@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.events import EventSink
+from tributary.events import EventSink
 
 PROGRESS_EVERY_S = 2.0
 """Seconds between two progress messages of one phase (a phase's first message is never held back)."""

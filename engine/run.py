@@ -24,7 +24,7 @@ from engine.config import RunConfig
 from engine.contracts import EXIT_CANCELLED, EXIT_SUCCEEDED
 from engine.data import PromptSelector, load_prompts
 from engine.data.stages import StagedRewards, StagedSelector, combined_splits, load_stages
-from engine.events import EventHeartbeat, EventSink
+from engine.events import EventHeartbeat
 from engine.log_bridge import LogBridge
 from engine.models import load_model, load_tokenizer, resolve_model_path
 from engine.models.starter import recipe_for, starter_location, starter_tasks
@@ -39,6 +39,7 @@ from engine.rewards import RewardManager
 from engine.rollout import RolloutBackend, make_rollout_backend
 from engine.rollout.process_backend import BackendSpec, ProcessRolloutBackend, visible_device_env
 from engine.trainer import make_trainer
+from tributary.events import EventSink
 
 
 def pick_device(name: str, field: str = "trainer.device") -> torch.device:

@@ -56,10 +56,10 @@ from engine.contracts import (
     EXIT_SUCCEEDED,
     FINAL_STATES,
 )
-from engine.events import EventSink, last_seq_in
 from engine.paths import DATA_DIR_ENV, data_dir
 from engine.rewards.policy import RewardPolicy
 from jobs.confine import ConfinementPlan, confine_mode, engine_environment, landlock_abi
+from tributary.events import EventSink, last_seq_in
 from tributary.protocol import ATTACH_ENGINE_FROM, HELLO_CLAIMS
 from tributary.shipper import EventShipper, Hello, OutputLog
 

@@ -5,8 +5,8 @@ across a resume) and ``type`` (status, metrics, samples, checkpoint, log, heartb
 are in ARCHITECTURE.md's protocol table and ``engine.contracts``). The log is the source of
 truth that a shipper sends to the web app, so each line is written whole and flushed (and
 fsynced for events that must survive a crash: status and checkpoint), as strict JSON that the
-web app can store (``clean``). Standard library only: the engine (``engine.events`` re-exports
-this module) and a user's training script (``tributary.Run``) write through the same code.
+web app can store (``clean``). Standard library only: the engine (``engine.run``, ``jobs.supervisor``)
+and a user's training script (``tributary.Run``) write through the same code.
 """
 
 from __future__ import annotations

@@ -73,13 +73,13 @@ FATAL_CLOSE_CODES: frozenset[int] = frozenset(
 )
 
 # Where the engine writes an event's seq: right at the start (``{"run":..,"seq":N,...``); read
-# without parsing a line json cannot (nested too deeply). The shipper and engine.events read it.
+# without parsing a line json cannot (nested too deeply). The shipper and tributary.events read it.
 SEQ_AT_START = re.compile(
     rb'^\s*\{\s*"run"\s*:\s*(?:"[^"\\]{0,200}"|-?\d{1,20}|null)\s*,\s*"seq"\s*:\s*(\d{1,19})\s*[,}]'
 )
 
 # How deep one event's JSON may nest on the socket. The engine writes at most
-# ``engine.events.MAX_DEPTH`` (32) levels; the worker replaces a line deeper than this by a
+# ``tributary.events.MAX_DEPTH`` (32) levels; the worker replaces a line deeper than this by a
 # stand-in log event, so the web app's parser never meets a nesting it cannot read.
 MAX_EVENT_DEPTH = 64
 

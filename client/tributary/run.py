@@ -674,7 +674,7 @@ class Run:
                         shipper.finish(self._time_left())
                         break
                 shipper.join()
-                if shipper.claim_lost:  # the socket's attach: another script holds the run
+                if shipper.claim_lost:  # at attach, or later (4409): another script holds the run
                     self._refuse(RunRefused(shipper.claim_lost, server.id, ""))
                     return
                 if shipper.drained or shipper.gave_up or self._past_deadline():

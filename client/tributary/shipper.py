@@ -312,7 +312,7 @@ def _seq_of(line: bytes) -> int | None:
 def _inspect(line: bytes) -> tuple[int | None, str]:
     """A line's seq (None for what is no event: a torn line), and why it cannot be shipped as
     it is ("" when it can): JSON nested deeper than ``MAX_EVENT_DEPTH``, which the web app's
-    parser may not read. The engine never writes such a line (``engine.events.clean``); a
+    parser may not read. The engine never writes such a line (``tributary.events.clean``); a
     line from elsewhere keeps its seq in the chain through a stand-in rather than stalling it."""
     try:
         event = json.loads(line)
@@ -492,13 +492,11 @@ class EventShipper:
                     return
                 except (OSError, TimeoutError, WebSocketException, _Reconnect) as exc:
                     code = _close_code(exc)
-                    if code == CLOSE_CLAIM_LOST:
-                        self.claim_lost = self.last_error_message or _close_reason(exc) or "another script holds the run"
-                        log.warning("run %s: claim lost: %s", self.run_id, self.claim_lost)
-                        return
                     if code in FATAL_CLOSE_CODES:
                         reason = self.last_error_message or _close_reason(exc) or "no reason given"
                         self.error = ShipperFatal(code, reason)
+                        if code == CLOSE_CLAIM_LOST:  # as a claim lost at attach (the client: RunRefused)
+                            self.claim_lost = reason
                         log.error("run %s: stopped shipping events: %s", self.run_id, self.error)
                         return
                     if self._stop.is_set() or self._gave_up():

@@ -29,7 +29,6 @@ from engine.checkpoint import CheckpointState, capture_rng, save_checkpoint
 from engine.config import RunConfig
 from engine.data import Prompt
 from engine.data.replay import ReplayBuffer
-from engine.events import EventSink
 from engine.pipeline.evaluate import evaluate
 from engine.pipeline.learner import Learner
 from engine.pipeline.metrics import rollout_metrics, sample_items
@@ -45,6 +44,7 @@ from engine.ranks import LAUNCHED_ENV
 from engine.rollout import RolloutBackend
 from engine.system_metrics import PHASE, ProcessTree, SystemSampler
 from engine.trainer import TrainerBackend
+from tributary.events import EventSink
 
 
 class StalenessError(RuntimeError):

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from engine.events import EventSink
 from engine.models.starter import StarterRecipe, build_starter
 from engine.phases import Phases, model_files
 from jobs.supervisor import ENGINE_STARTING
 from tests.e2e.browser import NARROW, WIDE, Site, no_errors, running_site, screenshot, signed_in_page
 from tests.e2e.harness import WAIT
 from tests.tiny_runs import tiny_config
+from tributary.events import EventSink
 from tributary.shipper import EventShipper
 
 pytestmark = pytest.mark.slow

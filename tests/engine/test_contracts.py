@@ -11,7 +11,7 @@ import torch
 from engine import algorithms, contracts
 from engine.algorithms import aggregation, kl
 from engine.config import ConfigError, build_config
-from engine.events import EventSink
+from tributary.events import EventSink
 
 
 def test_advantage_estimators_are_the_registry() -> None:

@@ -6,7 +6,7 @@ import json
 import math
 
 from engine.contracts import EVENT_TYPES
-from engine.events import EventSink, last_seq_in
+from tributary.events import EventSink, last_seq_in
 
 
 def read(path) -> list[dict]:

@@ -17,9 +17,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.events import EventSink
 from engine.log_bridge import LogBridge, TokenBucket, is_mirrored, mirror_lines
 from engine.output_lines import MAX_LINE_CHARS, split_lines
+from tributary.events import EventSink
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -171,7 +171,7 @@ def test_output_lines_are_cleaned_and_leave_the_mirror_out() -> None:
 RANKS_SCRIPT = textwrap.dedent(
     """
     import logging, os, sys, warnings
-    from engine.events import EventSink
+    from tributary.events import EventSink
     from engine.log_bridge import LogBridge
 
     if os.environ["RANK"] == "0":

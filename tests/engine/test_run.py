@@ -232,8 +232,8 @@ def test_a_signal_during_an_event_write_writes_nothing_inside_it(tmp_path: Path)
     and out of seq order. The handler must only flag the stop; the run loop logs it."""
     import io
 
-    from engine.events import EventSink
     from engine.pipeline.orchestrator import Orchestrator
+    from tributary.events import EventSink
 
     class SignalMidWrite(io.StringIO):
         armed = True

@@ -27,7 +27,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from engine.contracts import CLOSE_BAD_EVENT, CLOSE_BAD_MESSAGE, CLOSE_BAD_TOKEN, CLOSE_NO_RUN, CLOSE_TOO_BIG
-from engine.events import EventSink
+from tributary.events import EventSink
 from tributary.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
 
 FINAL = {"succeeded", "failed", "cancelled", "lost"}

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import EventSink
 from engine.models.starter import StarterRecipe, build_starter
 from engine.phases import Phases, human_bytes, model_files
 from jobs.supervisor import ENGINE_STARTING, RUNS_DIR_ENV, RunSupervisor
 from tests.tiny_runs import tiny_config
+from tributary.events import EventSink
 
 from .conftest import read_log
 

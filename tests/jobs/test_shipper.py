@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.contracts import FATAL_CLOSE_CODES
-from engine.events import EventSink
+from tributary.events import EventSink
 from tributary.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
 from tributary.shipper import EventLog, EventShipper, backoff_delay, ingest_url
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from engine.events import EventSink
 from jobs.supervisor import (
     ENGINE_STARTING,
     RUNS_DIR_ENV,
@@ -22,6 +21,7 @@ from jobs.supervisor import (
     output_tail,
 )
 from tests.tiny_runs import tiny_config
+from tributary.events import EventSink
 
 from .conftest import read_log
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from engine.events import EventSink
 from tests.webapp.event_builders import T0, a_run_of, metrics, sample_item, samples, status
+from tributary.events import EventSink
 from webapp.runs.choices import RunStatus
 from webapp.runs.ingest import InvalidEvent, store_events
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, Sample
@@ -335,9 +335,9 @@ def _depth(value: Any) -> int:
 
 def test_it_makes_unstorable_text_storable_everywhere(claimed) -> None:
     """NUL and lone surrogates become U+FFFD in text columns, metric names, and JSON keys and
-    values at any depth; JSON deeper than engine.events.MAX_DEPTH is cut with a mark. On
+    values at any depth; JSON deeper than tributary.events.MAX_DEPTH is cut with a mark. On
     PostgreSQL every one of these failed the whole batch before (jsonb and text refuse NUL)."""
-    from engine.events import DEPTH_MARK, MAX_DEPTH
+    from tributary.events import DEPTH_MARK, MAX_DEPTH
 
     item = {
         **sample_item("x"),
@@ -369,7 +369,7 @@ def test_it_makes_unstorable_text_storable_everywhere(claimed) -> None:
 
 def test_the_engine_sink_never_writes_unstorable_text(tmp_path) -> None:
     """The engine's log is the source of truth: it stays strict JSON the web app can store."""
-    from engine.events import DEPTH_MARK
+    from tributary.events import DEPTH_MARK
 
     log = tmp_path / "events.jsonl"
     sink = EventSink("r", log)

@@ -37,7 +37,7 @@ from engine.contracts import (
     CLOSE_TOO_BIG,
     CLOSE_UNAVAILABLE,
 )
-from engine.events import clean_text
+from tributary.events import clean_text
 from tributary.protocol import (
     ATTACH_CLAIM,
     ATTACH_ENGINE_FROM,

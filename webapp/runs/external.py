@@ -45,7 +45,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from engine.events import MAX_DEPTH
+from tributary.events import MAX_DEPTH
 from tributary.protocol import PING_INTERVAL_S
 from tributary.shipper import nesting
 from webapp.live import announce
@@ -60,7 +60,7 @@ MAX_CONFIG_BYTES = 256 * 1024
 """A script's config as compact JSON: hyperparameters and paths, not data (the engine's own
 configs are a few KiB; W&B's run config is similar in practice)."""
 MAX_CONFIG_DEPTH = MAX_DEPTH
-"""Nesting levels, as an engine event may hold (``engine.events.MAX_DEPTH``)."""
+"""Nesting levels, as an engine event may hold (``tributary.events.MAX_DEPTH``)."""
 QUEUE = "external"
 """What ``Run.queue`` holds for an external run: no worker queue (none is ever sent to it)."""
 HOLDER_SILENT_S = 3 * PING_INTERVAL_S

@@ -9,9 +9,9 @@ an event that cannot be stored would otherwise block every later one, and the wo
 resend it forever. Hence three layers, each keeping the seq chain whole:
 
 1. Text the database cannot hold (NUL, lone surrogates) is replaced by U+FFFD everywhere
-   (text fields, metric names, JSON keys and values at any depth; ``engine.events.clean``,
+   (text fields, metric names, JSON keys and values at any depth; ``tributary.events.clean``,
    the same function the engine's ``EventSink`` writes through), and JSON nested deeper than
-   ``engine.events.MAX_DEPTH`` is cut with a visible mark.
+   ``tributary.events.MAX_DEPTH`` is cut with a visible mark.
 2. An event with a usable ``seq`` that breaks the protocol (a missing field, a negative step)
    is *quarantined*: a ``LogLine`` at level error takes its seq and says what was wrong, on the
    run's Logs tab; the batch goes on.
@@ -40,7 +40,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine.contracts import CLOSE_BAD_TOKEN, CLOSE_RUN_OVER, ENGINE_FINAL_STATES, ENGINE_STATES, EVENT_TYPES
-from engine.events import clean, clean_text
+from tributary.events import clean, clean_text
 from webapp.alerts import monitor
 from webapp.analysis import rollups, summaries
 from webapp.live import announce
@@ -380,7 +380,7 @@ def _sample(seq: int, where: str, item: object) -> dict[str, Any]:
         "advantage": _optional_finite(seq, f"{where}.advantage", item.get("advantage")),
         "length": length,
         "finish_reason": _text(seq, item, "finish_reason", required=False, where=where)[:32],
-        # Depth as in the whole event (engine.events.clean): the event 1, items 2, an item 3,
+        # Depth as in the whole event (tributary.events.clean): the event 1, items 2, an item 3,
         # extra 4, so the engine's cut and this one agree.
         "extra": clean(dict(extra), depth=4) if extra else {},
     }

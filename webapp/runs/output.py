@@ -44,8 +44,8 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 
 from engine.contracts import CLOSE_BAD_TOKEN
-from engine.events import clean_text
 from engine.output_lines import split_lines
+from tributary.events import clean_text
 from tributary.protocol import OUTPUT_CHUNK_BYTES, OUTPUT_STREAM_MAX_CHARS
 from webapp.live import announce
 from webapp.runs.models import OutputLine, Run
