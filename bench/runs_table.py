@@ -2,7 +2,8 @@
 
 A project of ``--runs`` runs (the grpo preset's full config, a sweep over five of its keys), each
 with ``--metrics`` metric summaries (``webapp.analysis``, as ingest keeps them) and ``--steps``
-points of ``reward/mean`` (the sparklines read them). The table's results (what htmx swaps in: the
+points of ``reward/mean`` with their rollup blocks (the sparklines read them: ``--runs 100
+--steps 10000`` for long ones). The table's results (what htmx swaps in: the
 server's whole answer, middleware and template included) are requested through Django's test
 client, ``--rounds`` times each, and the medians compared:
 
@@ -109,6 +110,10 @@ def seed(n_runs: int, n_metrics: int, steps: int) -> tuple[Any, Any]:
 
     with transaction.atomic():
         insert_metric_points(rows)
+    from webapp.analysis import rollups
+
+    for run in runs:  # the blocks ingest keeps (points written past it need a rebuild)
+        rollups.rebuild(run.pk)
     return project, user
 
 

@@ -13,6 +13,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from webapp.analysis import rollups
+from webapp.analysis.models import MetricRollup
 from webapp.pages.teams import sparkline
 from webapp.pages.teams.views import format_duration
 from webapp.runs.choices import RunStatus
@@ -250,6 +252,36 @@ def test_sparkline_series_are_bucket_means_in_step_order(make_run: Callable[...,
     assert sparkline.series_for_runs([], "reward/mean") == {}
     flat = str(sparkline.svg([(1, 2.0), (2, 2.0)], 'x"<'))
     assert 'aria-label="x&quot;&lt;"' in flat and "NaN" not in flat
+
+
+def test_long_sparklines_are_combined_from_the_blocks_kept_at_ingest(make_run: Callable[..., Run]) -> None:
+    """A series of 10,000 steps is read from its rollup blocks (``webapp.analysis.rollups``): 40
+    buckets ``step // 256`` (the smallest power of two giving at most 40), each the mean of its
+    points. A short series, and a long one without blocks, are read from their points; a huge
+    value averages without overflow (PostgreSQL's AVG overflows from 1e154 on). Three queries."""
+    rolled, unrolled, short = make_run(name="rolled"), make_run(name="unrolled"), make_run(name="short")
+    values = [((i * 37) % 101) / 7 for i in range(10_000)]
+    for run in (rolled, unrolled):
+        _points(run, "reward/mean", values)  # steps 1..10,000
+    _points(short, "reward/mean", [1e300, 3e300, 2.0])
+    for run in (rolled, short):
+        rollups.rebuild(run.pk)
+    assert MetricRollup.objects.filter(run=rolled).exists()
+    with CaptureQueriesContext(connection) as ctx:
+        series = sparkline.series_for_runs([rolled.pk, unrolled.pk, short.pk], "reward/mean", points=40)
+    assert len(ctx.captured_queries) == 3
+    blocks_sql = [q["sql"] for q in ctx.captured_queries if MetricRollup._meta.db_table in q["sql"]]
+    assert len(blocks_sql) == 2 and all(MetricPoint._meta.db_table not in sql for sql in blocks_sql)
+    buckets: dict[int, list[tuple[int, float]]] = {}
+    for step, value in enumerate(values, start=1):
+        buckets.setdefault(step // 256, []).append((step, value))
+    want = [(b[0][0], sum(v for _, v in b) / len(b)) for b in buckets.values()]
+    got = series[rolled.pk]
+    assert len(got) == 40 and [s for s, _ in got] == [s for s, _ in want]
+    # Sums in another order than Python's: equal to rounding (13 digits over 256 values).
+    assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-12)
+    assert len(series[unrolled.pk]) == 40  # from its points: 40 buckets over its own range
+    assert series[short.pk] == [(1, 1e300), (2, 3e300), (3, 2.0)]
 
 
 def test_sparklines_cost_the_same_queries_for_few_or_many_runs(
