@@ -90,12 +90,18 @@ def setup_django(env: dict[str, str]) -> None:
 
 
 def make_runs(n: int) -> list[Any]:
+    from webapp.runs.choices import RunStatus
     from webapp.runs.models import Run
     from webapp.teams.models import Project, Team
 
     team = Team.objects.create(name="Bench", slug="bench")
     project = Project.objects.create(team=team, name="Ingest", slug="ingest")
-    return [Run.objects.create(project=project, name=f"bench-{i}") for i in range(n)]
+    # Running, as a run whose worker ships its events is: a queued one has no queue message
+    # here, and the web app's reconciler would send it one (to a queue no worker reads).
+    return [
+        Run.objects.create(project=project, name=f"bench-{i}", status=RunStatus.RUNNING)
+        for i in range(n)
+    ]
 
 
 def start_web(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
