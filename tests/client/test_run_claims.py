@@ -80,7 +80,9 @@ def test_a_script_cut_off_while_a_copy_took_its_run_over_stops_and_the_copy_ship
     directory took the run over. The first's next batch is refused (``CLOSE_CLAIM_LOST``): it
     raises ``RunRefused`` from its next logging call and asks training to stop; nothing it logged
     after the takeover is stored, and the run is exactly the copy's log."""
-    first = client_run(server, tmp_path / "first")
+    # No pings from the first (each may move its last word to now): silent it stays, however long
+    # the copy's init takes on a loaded machine.
+    first = client_run(server, tmp_path / "first", shipper_options={**SHIPPING, "ping_interval": 3600.0})
     train(first, range(10))
     wait_acked(first)
     copy = tmp_path / "copy"

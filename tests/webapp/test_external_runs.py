@@ -488,6 +488,17 @@ async def test_a_script_whose_run_a_copy_took_over_ships_nothing_more(
                     while True:
                         await asyncio.wait_for(ws.recv(), TIMEOUT)
                 assert closed.value.rcvd is not None and closed.value.rcvd.code == CLOSE_CLAIM_LOST
+            # The first script reconnecting loses its attach; should it ship anyway (or attach again
+            # without its claim, as a client of before claims would), nothing is taken either.
+            async with connect(
+                url, additional_headers={"Authorization": f"Bearer {created['ingest_token']}"}, open_timeout=TIMEOUT
+            ) as late:
+                await _message(late, "hello")
+                await late.send(json.dumps({"type": "attach", "host": "gpu-7", "pid": 100, "claim": first_claim}))
+                assert not (await _message(late, "claim"))["won"]
+                await late.send(json.dumps({"type": "attach", "host": "gpu-7", "pid": 100}))
+                await late.send(json.dumps({"type": "events", "events": [metrics(3, 2, reward=0.0)]}))
+                assert (await _message(late, "error"))["code"] == CLOSE_CLAIM_LOST
             assert copy_hello["last_seq"] == 2
             assert (await _ship(copy, [metrics(3, 2, reward=1.0)]))["seq"] == 3
     points = await database_sync_to_async(

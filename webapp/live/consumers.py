@@ -324,6 +324,8 @@ class IngestConsumer(_JsonSocket):
             )
             return
         if self.external:  # the script holds its run (one script at a time), no queue order
+            if claim:  # what this socket sends is taken only while this claim holds the run: kept
+                self.claim = claim  # when the attach loses, and not dropped by a later claimless one
             pid = message.get("pid")
             valid_pid = isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= INT_MAX
             answer = await database_sync_to_async(attach_script)(
@@ -331,8 +333,6 @@ class IngestConsumer(_JsonSocket):
             )
             if answer is not None:  # a claim: another script may hold the run (webapp.runs.external)
                 won, why = answer
-                if won:  # what this socket sends from now on is taken only while the claim holds
-                    self.claim = claim
                 await self.send_message({"type": MSG_CLAIM, "won": won, "message": why})
             return
         answer = await database_sync_to_async(claim_run)(
