@@ -56,8 +56,10 @@ the policy being updated is the old one (engine: ``Learner.recomputes_old_log_pr
 own implementation): TRL samples the ``group`` completions of a prompt as separate rows and runs
 every prompt + completion whole in its update, where the engine prefills each prompt once, runs each
 group's prompt once in its update with the responses on top, and leaves out the last response
-column (it predicts no token). Sampling noise differs (different RNG streams), so reward curves
-agree only in trend.
+column (it predicts no token); it also leaves out of its update the rows whose advantages are all
+zero (groups whose completions all scored the same: they add nothing to the loss or its gradient,
+``trainer.skip_zero_advantage``, ``tests/engine/test_zero_advantage_skip.py``), where TRL runs every
+row. Sampling noise differs (different RNG streams), so reward curves agree only in trend.
 
 Learning is compared per step (reward and accuracy of the sampled completions) and by the engine's
 evaluator (greedy accuracy and pass@4 on the 256 held-out prompts, ``engine.pipeline.evaluate``)

@@ -37,6 +37,7 @@ from engine.algorithms.masked_ops import masked_mean
 
 __all__ = [
     "POLICY_LOSS_REGISTRY",
+    "ROW_MEAN_LOSSES",
     "PolicyLossFn",
     "compute_policy_loss_cispo",
     "compute_policy_loss_dppo_kl",
@@ -53,6 +54,10 @@ __all__ = [
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 
 POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
+
+ROW_MEAN_LOSSES = frozenset({"geo_mean"})
+"""Losses averaged over the rows they are given rather than against ``global_batch_info`` (GMPO, as
+in verl): leaving a zero-advantage row out changes their value, so the trainer never does."""
 
 _DEFAULTS = PolicyLossConfig()
 

@@ -107,6 +107,13 @@ class TrainerConfig(Section):
         title="Shared-prompt forward",
         description="Run each group's prompt once and its n responses on top (P + nR tokens, not n(P + R)).",
     )
+    skip_zero_advantage: bool = Field(
+        True,
+        title="Skip zero-advantage rows",
+        description="Leave rows whose advantages are all zero (groups whose completions all scored the same) "
+        "out of the update: they add nothing to the loss or its gradient. Off, or with an entropy bonus or "
+        "a KL loss, every row is run; on, the entropy and clip-fraction metrics cover the rows trained on.",
+    )
     eval_every: int = Field(
         10, ge=0, title="Eval every (steps)", description="0 = only at the start and end."
     )

@@ -16,6 +16,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from engine.algorithms import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
+from engine.algorithms.policy_losses import ROW_MEAN_LOSSES
 from engine.batch import RolloutBatch
 from engine.config import AlgorithmConfig
 from kernels import logprobs_from_hidden
@@ -184,17 +185,57 @@ def global_batch_info(mini_mask: torch.Tensor, loss_scale_factor: float) -> dict
     }
 
 
+def skips_zero_advantage_rows(algo: AlgorithmConfig, enabled: bool) -> bool:
+    """Whether an update may leave out the rows whose advantages are all zero (``trainer.skip_zero_advantage``).
+
+    Every policy loss of ``engine/algorithms/policy_losses.py`` is the advantage times a factor
+    (a clipped or gated ratio, a log-prob), aggregated against the mini-batch's token and sequence
+    counts (:func:`global_batch_info`): a row whose advantages are all zero adds exactly nothing to the
+    loss or its gradient, so running it is pure waste (``tests/engine/test_zero_advantage_skip.py``
+    checks every registered loss). Not with an entropy bonus or a KL loss, whose terms do not vanish
+    with the advantage, nor with a loss that averages over the rows it is given (``ROW_MEAN_LOSSES``:
+    GMPO). In GRPO-family runs these rows are the groups whose completions all scored the
+    same (a fifth of the arithmetic starter's groups, up to two thirds late in a run).
+    """
+    return (
+        enabled
+        and algo.entropy_coeff == 0
+        and not algo.use_kl_loss
+        and algo.policy_loss not in ROW_MEAN_LOSSES
+    )
+
+
 def mini_batches(
-    batch: RolloutBatch, order: np.ndarray, count: int, pl_config: PolicyLossConfig
-) -> Iterator[tuple[RolloutBatch, PolicyLossConfig]]:
+    batch: RolloutBatch,
+    order: np.ndarray,
+    count: int,
+    pl_config: PolicyLossConfig,
+    *,
+    skip_zero_advantage: bool = False,
+) -> Iterator[tuple[RolloutBatch, PolicyLossConfig, int]]:
     """One epoch: the rows of ``batch`` in ``order`` cut into ``count`` mini-batches (one optimiser
-    step each; none empty), each with ``pl_config`` carrying its :func:`global_batch_info`."""
+    step each; none empty), each with ``pl_config`` carrying its :func:`global_batch_info` and the
+    number of rows left out of it.
+
+    With ``skip_zero_advantage`` (see :func:`skips_zero_advantage_rows`), the rows whose advantages are
+    all zero are left out after the mini-batch's denominators are taken, so the loss and gradient are
+    those of the whole mini-batch. At least one row stays: an optimiser step must see the zero
+    gradient (AdamW skips a parameter whose gradient is None, which would change its update).
+    Metrics computed from the forward (entropy, clip fractions, the rollout mismatch) then cover the
+    rows trained on."""
     for rows in np.array_split(order, count):
         if len(rows) == 0:
             continue
         mini = batch.select(rows.tolist())
         info = global_batch_info(mini.response_mask, pl_config.loss_scale_factor)
-        yield mini, dataclasses.replace(pl_config, global_batch_info=info)
+        skipped = 0
+        if skip_zero_advantage and mini.advantages is not None:
+            live = (mini.advantages * mini.response_mask).ne(0).any(-1)
+            keep = torch.nonzero(live).flatten().tolist() or [0]
+            skipped = len(mini) - len(keep)
+            if skipped:
+                mini = mini.select(keep)
+        yield mini, dataclasses.replace(pl_config, global_batch_info=info), skipped
 
 
 def add_micro_batch_metrics(

@@ -50,6 +50,7 @@ from engine.trainer.actor import (
     add_micro_batch_metrics,
     mini_batches,
     response_logprobs,
+    skips_zero_advantage_rows,
     split_model,
 )
 from engine.trainer.schedule import minis_per_epoch, optimizer_and_schedule
@@ -298,8 +299,13 @@ class DeepSpeedTrainer:
         maxima: dict[str, float] = {}
         updates = 0
         grad_norms = 0.0
+        skip = skips_zero_advantage_rows(self.cfg.algorithm, self.cfg.trainer.skip_zero_advantage)
+        skipped = 0
         for order in orders:
-            for mini, pl_config in mini_batches(batch, order, self.minis_per_epoch, self.pl_config):
+            for mini, pl_config, left_out in mini_batches(
+                batch, order, self.minis_per_epoch, self.pl_config, skip_zero_advantage=skip
+            ):
+                skipped += left_out
                 pieces = self._my_pieces(np.arange(len(mini)))
                 for i, piece in enumerate(pieces):
                     self.engine.set_gradient_accumulation_boundary(i == len(pieces) - 1)
@@ -334,6 +340,7 @@ class DeepSpeedTrainer:
         out["actor/lr"] = self.engine.lr_scheduler.get_last_lr()[0]
         out["actor/lr_scale"] = lr_scale
         out["actor/skipped_updates"] = float(self.skipped_updates)
+        out["actor/zero_adv_rows_skipped"] = skipped / (len(orders) * len(batch))
         return out
 
     def rollout_weights(self) -> Mapping[str, torch.Tensor]:

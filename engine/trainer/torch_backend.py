@@ -22,6 +22,7 @@ from engine.trainer.actor import (
     add_micro_batch_metrics,
     mini_batches,
     response_logprobs,
+    skips_zero_advantage_rows,
 )
 from engine.trainer.schedule import minis_per_epoch, optimizer_and_schedule
 
@@ -115,9 +116,14 @@ class TorchTrainer:
         maxima: dict[str, float] = {}
         gen = torch.Generator().manual_seed(t.seed * 1_000_003 + self._version)
         lr_scale = float(batch.extra.get("lr_scale", 1.0))  # async.scale_lr_by_ess (the learner sets it)
+        skip = skips_zero_advantage_rows(self.cfg.algorithm, t.skip_zero_advantage)
+        skipped = 0
         for _ in range(t.ppo_epochs):
             order = torch.randperm(len(batch), generator=gen)
-            for mini, pl_config in mini_batches(batch, order.numpy(), self.minis_per_epoch, self.pl_config):
+            for mini, pl_config, left_out in mini_batches(
+                batch, order.numpy(), self.minis_per_epoch, self.pl_config, skip_zero_advantage=skip
+            ):
+                skipped += left_out
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in self._micro_batches(mini):
                     micro = micro.to(self.device)
@@ -135,6 +141,7 @@ class TorchTrainer:
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         out["actor/lr_scale"] = lr_scale
         out["actor/skipped_updates"] = float(self.skipped_updates)
+        out["actor/zero_adv_rows_skipped"] = skipped / (t.ppo_epochs * len(batch))
         self.model.eval()
         return out
 
