@@ -12,7 +12,13 @@ Public API::
 """
 
 from engine.models.build import SIZES, MadeModel, MakeModelError, make_model, make_model_cli, make_model_info
-from engine.models.loading import ModelLoadError, load_model, load_model_config, load_tokenizer
+from engine.models.loading import (
+    ModelLoadError,
+    load_model,
+    load_model_config,
+    load_tokenizer,
+    sliding_window,
+)
 from engine.models.starter import (
     greedy_accuracy,
     read_starter_info,
@@ -35,6 +41,7 @@ __all__ = [
     "make_model_info",
     "read_starter_info",
     "resolve_model_path",
+    "sliding_window",
     "starter_path",
     "starter_policy",
 ]

@@ -64,6 +64,17 @@ def load_model_config(path: str | os.PathLike[str]) -> Any:
     return config
 
 
+def sliding_window(config: object) -> int | None:
+    """The attention window of a transformers config if any layer uses one, else None: code that
+    builds 4-D attention masks by hand (the rollout's fast path, the trainer's packed rows) does
+    not apply it, so it runs only where the window cannot cut a sequence."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    if window and ("sliding_attention" in layer_types or getattr(config, "use_sliding_window", False)):
+        return int(window)
+    return None
+
+
 def load_model(
     path: str | os.PathLike[str],
     *,

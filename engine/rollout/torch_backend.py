@@ -45,6 +45,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from engine.models.loading import sliding_window
 from engine.rollout.base import Completion, FinishReason, PromptCompletions, SamplingParams, checked_inputs
 from engine.rollout.sampling import eos_token_ids, sequence_seed
 
@@ -265,7 +266,7 @@ class TorchRolloutBackend:
         self._fast = bool(getattr(model, "_supports_attention_backend", False)) and not getattr(
             config, "sub_configs", None
         )
-        self._sliding_window = _sliding_window(config)
+        self._sliding_window = sliding_window(config)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._token_texts: list[str] | None = None
         self._stop_masks: dict[tuple[str, ...], torch.Tensor] = {}
@@ -747,10 +748,3 @@ def _storage_key(tensor: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
     return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
 
 
-def _sliding_window(config: object) -> int | None:
-    """The attention window if any layer uses one (the fast path then only runs when it cannot matter)."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None) or []
-    if window and ("sliding_attention" in layer_types or getattr(config, "use_sliding_window", False)):
-        return int(window)
-    return None

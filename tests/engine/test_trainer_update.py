@@ -20,7 +20,7 @@ from engine.config import build_config
 from engine.data import Prompt
 from engine.models import load_model
 from engine.rollout import Completion
-from engine.trainer import TorchTrainer
+from engine.trainer import TorchTrainer, actor
 from engine.trainer.actor import LogprobSettings, response_logprobs
 from engine.trainer.schedule import optimizer_and_schedule
 from tests.engine.batches import random_batch
@@ -50,25 +50,38 @@ def one_token_batch(vocab: int) -> RolloutBatch:
     return collate(rows, pad_id=0, policy_version=0)
 
 
-@pytest.mark.parametrize("shared_prompt", [False, True])
+@pytest.mark.parametrize("path", ["full", "two-pass", "packed"])
 @pytest.mark.parametrize("case", ["ragged", "one-token"])
-def test_response_logprobs_are_the_models_own(tiny_model_dir, shared_prompt: bool, case: str) -> None:
+def test_response_logprobs_are_the_models_own(tiny_model_dir, monkeypatch, path: str, case: str) -> None:
     model = load_model(tiny_model_dir)
     model.train()
     vocab = model.config.vocab_size
     batch = random_batch(vocab, groups=4, n=3, seed=2) if case == "ragged" else one_token_batch(vocab)
     assert batch.response_mask[:, -1].any(), "some row must fill the last column, or nothing is tested"
+    if case == "ragged":  # a trained token after an untrained one, as a truncated row can leave
+        batch.response_mask[0, 0] = 0.0
+    if path == "two-pass":  # the path of groups too long to pack
+        monkeypatch.setattr(actor, "PACKED_MAX_TOKENS", 0)
     weights = torch.randn(batch.response_ids.shape, generator=torch.Generator().manual_seed(3))
-    grads = []
+    grads, passes = [], []
+    trunk, _ = actor.split_model(model)
+    hook = trunk.register_forward_pre_hook(lambda _m, _a, kw: passes.append(len(kw["input_ids"])), with_kwargs=True)
     for compute in ("reference", "trainer"):
         model.zero_grad()
         if compute == "reference":
             lp = model_logprobs(model, batch, temperature=0.7)
+            passes.clear()
         else:
-            settings = LogprobSettings(temperature=0.7, shared_prompt=shared_prompt)
+            settings = LogprobSettings(temperature=0.7, shared_prompt=path != "full")
             lp, _ = response_logprobs(model, batch, settings, compute_entropy=False)
         (lp * weights * batch.response_mask).sum().backward()
         grads.append((lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    hook.remove()
+    # The trunk's passes (the rows of each) say which path ran: a second pass of the two-pass path
+    # runs the responses (none when every response is one token long).
+    rows, groups = len(batch), len(set(batch.index))
+    expected = {"full": [rows], "two-pass": [groups, rows] if case == "ragged" else [groups], "packed": [groups]}
+    assert passes == expected[path]
     (ref_lp, ref_g), (lp, g) = grads
     torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=1e-5)
     for name in ref_g:
