@@ -9,6 +9,14 @@ error of predicting the measured mean for all), and the chance of a zero-varianc
 completions equal) for the quarter of prompts predicted nearest 1/2 against all of them: what
 ``difficulty_targeted`` gains on prompts it has never sampled.
 
+Then the calibration of the predicted chance of a zero-variance group (``selection/zero_var_expected``)
+on the held-out half, over ``--splits`` random halves (default options): the held-out predictions
+pooled and cut into deciles of the prediction, each decile's mean prediction against how often its
+prompts' measured n completions were all equal, and the overall means; before (the point estimate
+plugged into p^n + (1 - p)^n) and after (the calibrated Beta predictive's beta-binomial chance,
+``engine/data/similarity.py``). A calibrated prediction tracks the measured frequency in every
+decile; the point estimate ignores how uncertain p is and sits far below it.
+
     python bench/selection_predictor.py                    # 800 prompts, 8 completions each
     python bench/selection_predictor.py --prompts 400 --n 4
 """
@@ -23,6 +31,7 @@ import torch
 
 from engine.config import SelectionOptions, build_config
 from engine.data import PromptSelector, load_prompts
+from engine.data.selection import beta_binomial_zero_variance, zero_variance_probability
 from engine.models import load_model, load_tokenizer
 from engine.models.starter import starter_policy
 from engine.pipeline.producer import RolloutProducer
@@ -61,10 +70,52 @@ def measure(n_prompts: int, n: int) -> tuple[list, np.ndarray]:
     return prompts, np.array(rates)
 
 
+def given_as_measured(selector: PromptSelector, prompts: list, rates: np.ndarray, n: int) -> None:
+    """Record each prompt's measured pass rate as one scored group of n completions."""
+    for prompt, rate in zip(prompts, rates):
+        wins = round(rate * n)
+        selector.observe(prompt.uid, [1.0] * wins + [0.0] * (n - wins), step=1)
+
+
+def calibration(prompts: list, rates: np.ndarray, n: int, splits: int) -> None:
+    """Predicted against measured chance of a zero-variance group on held-out halves (module docstring)."""
+    before, after, means, happened = [], [], [], []
+    for split in range(splits):
+        order = np.random.default_rng(split).permutation(len(prompts))
+        given, held = order[: len(prompts) // 2], [int(i) for i in order[len(prompts) // 2 :]]
+        selector = PromptSelector(prompts, selection="difficulty_targeted", group_size=n)
+        given_as_measured(selector, [prompts[i] for i in given], rates[given], n)
+        a, b, _ = selector.predictive(held)
+        means += (a / (a + b)).tolist()
+        before += zero_variance_probability(a / (a + b), n).tolist()
+        after += beta_binomial_zero_variance(a, b, n).tolist()
+        happened += ((rates[held] == 0) | (rates[held] == 1)).tolist()
+    zero = np.array(happened, dtype=float)
+    print(
+        f"calibration over {splits} random halves ({len(zero)} held-out predictions): deciles of the "
+        "predicted chance of a zero-variance group, predicted / measured"
+    )
+    for name, predicted in (
+        ("before (point estimate)", np.array(before)),
+        ("after (Beta predictive)", np.array(after)),
+    ):
+        deciles = np.array_split(np.argsort(predicted, kind="stable"), 10)
+        cells = " ".join(f"{predicted[d].mean():.3f}/{zero[d].mean():.3f}" for d in deciles)
+        print(f"  {name}: overall {predicted.mean():.3f}/{zero.mean():.3f}; deciles {cells}")
+    quarter = len(zero) // 4
+    nearest = np.argsort(np.abs(np.array(means) - 0.5), kind="stable")[:quarter]
+    lowest = np.argsort(np.array(after), kind="stable")[:quarter]
+    print(
+        f"  measured zero-variance chance of the quarter predicted nearest 1/2 {zero[nearest].mean():.3f}, "
+        f"of the quarter with the lowest predicted chance {zero[lowest].mean():.3f}, of all {zero.mean():.3f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=800)
     ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--splits", type=int, default=20, help="random halves for the calibration report")
     args = ap.parse_args()
     t0 = time.perf_counter()
     prompts, rates = measure(args.prompts, args.n)
@@ -79,9 +130,7 @@ def main() -> None:
         for references in (256, half):
             options = SelectionOptions(bandwidth=bandwidth, references=references)
             selector = PromptSelector(prompts, selection="difficulty_targeted", options=options, group_size=n)
-            for prompt, rate in zip(prompts[:half], rates[:half]):
-                wins = round(rate * n)
-                selector.observe(prompt.uid, [1.0] * wins + [0.0] * (n - wins), step=1)
+            given_as_measured(selector, prompts[:half], rates[:half], n)
             predicted, _ = selector.estimates(list(range(half, len(prompts))))
             chosen = truth[np.argsort(np.abs(predicted - 0.5), kind="stable")[:nearest]]
             print(
@@ -91,6 +140,8 @@ def main() -> None:
                 f"{np.abs(rates[:half].mean() - truth).mean():.3f}); zero-variance chance of the quarter "
                 f"predicted nearest 1/2 {(chosen**n + (1 - chosen) ** n).mean():.3f}, of all {all_zero_var:.3f}"
             )
+
+    calibration(prompts, rates, n, args.splits)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,9 @@ class SelectionOptions(Section):
         0.1,
         gt=0.0,
         title="Temperature (difficulty_targeted)",
-        description="tau in w(p) = exp(-|p - 0.5| / tau): smaller concentrates on pass rates nearer 0.5.",
+        description="tau in w = exp(-P0 / tau), P0 the predicted chance that a group's completions all succeed "
+        "or all fail (the beta-binomial E[p^n + (1 - p)^n] of the prompt's Beta predictive, least for pass rates "
+        "near 0.5): a prompt whose P0 is higher by tau weighs e times less; smaller concentrates on the lowest P0.",
     )
     alpha: float = Field(
         1.0, ge=0.0, title="Alpha (pace)", description="alpha in w(p) = p^alpha (1 - p)^beta."

@@ -2,18 +2,33 @@
 
 A group of n completions whose rewards are all equal carries no GRPO gradient (its advantages
 are all zero); for a prompt of pass rate p that happens with probability p^n + (1 - p)^n, least at
-p = 1/2. Both weighted selections spend the rollouts where that probability is low:
+p = 1/2. But p is never known, only predicted: every prompt gets a Beta(a, b) predictive of its
+pass rate (step 3 below), and the chance of a zero-variance group is the beta-binomial's
+
+    P0 = E[p^n + (1 - p)^n] = B(a + n, b) / B(a, b) + B(a, b + n) / B(a, b),
+
+which is what a selection wants low. Plugging the predictive mean into p^n + (1 - p)^n instead
+ignores how uncertain p is: of prompts predicted near 1/2 many are really near 0 or 1, and on
+held-out prompts the plug-in figure was 0.030 where 0.165 of the groups had zero variance (the
+calibrated P0 said 0.176; the decile table is in ``engine/data/similarity.py``). Both weighted
+selections spend the rollouts where P0 is low:
 
 * ``uniform`` (the default): the shuffled epochs of :class:`~engine.data.prompts.PromptSampler`,
   exactly as without this module (the same prompts in the same order, the same random streams);
 * ``difficulty_targeted`` (DOTS: Sun et al. 2025, "Improving Data Efficiency for LLM
   Reinforcement Fine-tuning Through Difficulty-targeted Online Data Selection and Rollout
-  Replay", arXiv:2506.05316): prefer prompts whose estimated pass rate is near 1/2, with weight
-  w(p) = exp(-|p - 1/2| / tau), ``tau`` = ``data.selection_options.temperature`` (a softmax over
-  the closeness to 1/2; tau -> 0 takes the closest prompts only);
-* ``pace`` (PACED): w(p) = p^alpha (1 - p)^beta, ``alpha`` and ``beta`` from
-  ``data.selection_options``; alpha = beta = 1 gives p (1 - p), the variance of one completion's
-  success, which vanishes with the gradient's signal-to-noise ratio at both extremes.
+  Replay", arXiv:2506.05316): prefer prompts whose pass rate is near 1/2 by what that buys, a low
+  P0: w = exp(-P0 / tau), ``tau`` = ``data.selection_options.temperature`` (a softmax over -P0: a
+  prompt with a P0 higher by tau weighs e times less; tau -> 0 takes the lowest P0 only). For a
+  known p, P0 is least at p = 1/2 and grows with |p - 1/2|, so this is DOTS' preference; with an
+  uncertain p it also prefers a prompt measured at 4 of 8 (Beta(5, 5): P0 = 0.04 for n = 8) over
+  one never sampled and predicted 1/2 from its neighbours (Beta(1.6, 1.6), about as wide as
+  ``bench/selection_predictor.py`` finds them: P0 = 0.14), which a weight on the mean alone ranks
+  the same;
+* ``pace`` (PACED): w(p) = p^alpha (1 - p)^beta on the predictive mean p = a / (a + b), ``alpha``
+  and ``beta`` from ``data.selection_options``; alpha = beta = 1 gives p (1 - p), the variance of
+  one completion's success, which vanishes with the gradient's signal-to-noise ratio at both
+  extremes.
 
 How a weighted batch of k prompts is drawn:
 
@@ -24,24 +39,47 @@ How a weighted batch of k prompts is drawn:
    all of them keep being refreshed;
 2. **candidates**: ``data.selection_options.pool`` prompts drawn uniformly without replacement
    (all of them when there are fewer), so a batch costs the same however large the dataset;
-3. **estimates**: a measured prompt's Beta posterior mean (``engine/data/prompt_stats.py``); a
-   prompt never sampled gets the kernel estimate from the most recently measured prompts
-   (``engine/data/similarity.py``, the cheap equivalent of DOTS' attention-based predictor);
-4. **draw**: the rest of the batch without replacement with probability proportional to w(p)
+3. **predictives**: every candidate gets the kernel-pooled Beta of its neighbours among the most
+   recently measured prompts (``engine/data/similarity.py``, the cheap equivalent of DOTS'
+   attention-based predictor), widened by the dispersion of true pass rates around the kernel
+   mean that those references show (fitted so that they predict their own zero-variance groups as
+   often as these happened); a measured prompt's own s successes in n attempts update it to
+   Beta(a + s, b + n - s) (its own record left out of the neighbours). That prior, not the uniform
+   Beta(1, 1) of ``engine/data/prompt_stats.py``, is what keeps measured prompts calibrated: on a
+   synthetic population whose pass rates pile up near 0 and 1, the prompts ``difficulty_targeted``
+   chose again after measuring them were predicted 0.21 and had 0.39 zero-variance groups with the
+   uniform prior, 0.20 and 0.30 with the neighbours' (``tests/engine/test_selection.py``'s
+   ``bimodal_population``, 20 000 prompts, 150 steps of 32, n = 8);
+4. **draw**: the rest of the batch without replacement with probability proportional to w
    among the candidates, by Gumbel-top-k (the k largest of log w_i + G_i, G_i ~ Gumbel(0, 1), are a
    sample without replacement proportional to w: Kool, van Hoof and Welling 2019, "Stochastic
    Beams and Where to Find Them", ICML), with its own random stream seeded by (trainer.seed, the
    number of batches drawn so far): a resumed run draws what an uninterrupted one would.
 
-Metrics (``selection/*``, per step): ``p_est_mean`` (mean estimated pass rate of the chosen
+Metrics (``selection/*``, per step): ``p_est_mean`` (mean predictive mean pass rate of the chosen
 prompts), ``measured_frac`` (the share of them with statistics of their own, the rest predicted),
 ``zero_var_frac`` (of the groups scored this step, the share whose completions all succeeded or
-all failed), ``zero_var_expected`` (the same predicted from the chosen prompts' estimates,
-mean of p^n + (1 - p)^n) and, for the weighted selections, ``zero_var_expected_uniform`` (what a
-uniform draw would expect: the mean over the uniformly drawn candidates), ``zero_var_avoided``
+all failed), ``zero_var_expected`` (the same predicted: the mean P0 of the chosen prompts, n =
+``rollout.n``) and, for the weighted selections, ``zero_var_expected_uniform`` (what a uniform
+draw would expect: the mean P0 over the uniformly drawn candidates), ``zero_var_avoided``
 (the difference: zero-variance groups avoided per group relative to uniform) and
 ``effective_prompts`` (exp of the entropy of the selection probabilities over the candidates: how
 many prompts the weights effectively spread over). ``prompts_seen`` counts the prompts measured.
+
+``zero_var_expected`` is calibrated where the draw does not look at the prediction. In
+``bench/data_efficiency.py``'s DAPO runs (50 000 prompts, 600 steps, seeds 0 and 1) uniform draws
+expected 0.288 and 0.292 of their groups to have zero variance and had 0.289 and 0.292 (each
+chosen prompt's P0 against its group: 0.237/0.238 over steps 1-300, 0.347/0.348 over 301-600);
+before the calibration the figure was 0.013-0.024 against 0.20-0.33. ``difficulty_targeted``
+reads low, 0.161 and 0.163 against 0.238 and 0.237, for two reasons the predictive does not model:
+it picks the prompts whose P0 came out lowest, partly by chance (winner's curse: over steps
+301-600 of seed 1 its never-sampled picks were predicted 0.236 and had 0.352, no better than
+uniform's 0.348), and a measured prompt's record pools outcomes from earlier policies that have
+since improved (its re-measured picks: predicted 0.087, had 0.191). It still had fewer
+zero-variance groups than uniform (0.259 against 0.347 over steps 301-600), from the measured
+prompts it goes back to. The same on synthetic populations (``tests/engine/test_selection.py``'s
+``bimodal_population``): uniform draws expected 0.690 and had 0.694; weighted draws' never-sampled
+picks 0.55 against 0.70.
 """
 
 from __future__ import annotations
@@ -55,21 +93,31 @@ import numpy as np
 
 from engine.config import DataConfig, RunConfig
 from engine.config.model_data import SelectionOptions
-from engine.data.prompt_stats import PromptStats
+from engine.data.prompt_stats import PRIOR_A, PRIOR_B, PromptRecord, PromptStats
 from engine.data.prompts import Prompt, PromptSampler
-from engine.data.similarity import FeatureCache, kernel_estimates
+from engine.data.similarity import (
+    FeatureCache,
+    beta_binomial_zero_variance,
+    kernel_predictive,
+    reference_dispersion,
+)
 
 _STREAM = 0x5E1EC7
 """Salt of the selection's random stream (kept apart from every other seeded stream of the run)."""
 
 
-def log_weights(p: np.ndarray, selection: str, options: SelectionOptions) -> np.ndarray:
-    """log w(p) of the selection (see the module docstring); p in (0, 1), as the estimates always are."""
+def log_weights(
+    a: np.ndarray, b: np.ndarray, selection: str, options: SelectionOptions, n: int
+) -> np.ndarray:
+    """log w of the selection for prompts whose pass rates are predicted Beta(a, b) (a, b > 0), n
+    completions a group (see the module docstring): ``difficulty_targeted`` -P(zero-variance) / tau,
+    ``pace`` on the posterior mean p = a / (a + b), which is strictly inside (0, 1)."""
     if selection == "difficulty_targeted":
-        return -np.abs(p - 0.5) / options.temperature
+        return -beta_binomial_zero_variance(a, b, n) / options.temperature
     if selection == "pace":
+        p = a / (a + b)
         return options.alpha * np.log(p) + options.beta * np.log1p(-p)
-    return np.zeros_like(p)
+    return np.zeros_like(a)
 
 
 def selection_probabilities(logw: np.ndarray) -> np.ndarray:
@@ -79,7 +127,7 @@ def selection_probabilities(logw: np.ndarray) -> np.ndarray:
 
 
 def zero_variance_probability(p: np.ndarray, n: int) -> np.ndarray:
-    """Chance that n independent completions of pass rate p all succeed or all fail."""
+    """Chance that n independent completions of a known pass rate p all succeed or all fail."""
     return p**n + (1.0 - p) ** n
 
 
@@ -99,6 +147,7 @@ class _StepTally:
     """What the step's draws and observations add up to, for its ``selection/*`` metrics."""
 
     chosen_p: list[float] = field(default_factory=list)
+    chosen_zero_var: list[float] = field(default_factory=list)  # predicted P(zero-variance group)
     chosen_measured: list[bool] = field(default_factory=list)
     pool_zero_var: list[float] = field(default_factory=list)  # weighted draws: expected, per candidate
     effective: list[float] = field(default_factory=list)
@@ -135,6 +184,7 @@ class PromptSelector:
         self.stats = PromptStats()
         self.draws = 0  # weighted batches drawn so far: the key of the next one's random stream
         self._features = FeatureCache([p.raw for p in self._prompts])
+        self._dispersion: tuple[list[tuple[str, PromptRecord]], float | None] | None = None  # (refs, rho)
         self._tally = _StepTally()
 
     @classmethod
@@ -154,26 +204,47 @@ class PromptSelector:
 
     # -- estimates ------------------------------------------------------------------------------
 
-    def estimates(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Estimated pass rates of the prompts ``indices`` and whether each was measured itself."""
-        p = np.empty(len(indices))
-        measured = np.zeros(len(indices), dtype=bool)
-        unmeasured: list[int] = []
-        for j, i in enumerate(indices):
-            record = self.stats.get(self._prompts[i].uid)
-            if record is None:
-                unmeasured.append(j)
-            else:
-                p[j], measured[j] = record.mean, True
-        if unmeasured:
-            refs = self.stats.recent(self.options.references)
-            p[unmeasured] = kernel_estimates(
-                self._features.matrix([indices[j] for j in unmeasured]),
-                self._features.matrix([self._index[uid] for uid, _ in refs]),
-                [r for _, r in refs],
+    def predictive(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The Beta(a, b) predictive of the pass rates of the prompts ``indices``, and whether each was
+        measured itself. Every prompt starts from the calibrated kernel predictive of its neighbours
+        among the references (``engine/data/similarity.py``; its own record left out); a measured
+        prompt's s successes in n attempts update it to Beta(a + s, b + n - s)."""
+        records = [self.stats.get(self._prompts[i].uid) for i in indices]
+        measured = np.array([r is not None for r in records], dtype=bool)
+        counts = np.array([(r.successes, r.attempts) if r else (0.0, 0) for r in records], dtype=np.float64)
+        counts = counts.reshape(-1, 2)  # (successes, attempts); zeros for a prompt never sampled
+        refs = self.stats.recent(self.options.references)
+        if not refs or not len(indices):
+            a, b = np.full(len(indices), PRIOR_A), np.full(len(indices), PRIOR_B)
+        else:
+            position = {uid: j for j, (uid, _) in enumerate(refs)}
+            features = self._features.matrix([self._index[uid] for uid, _ in refs])
+            references = [r for _, r in refs]
+            a, b = kernel_predictive(
+                self._features.matrix(indices),
+                features,
+                references,
                 self.options.bandwidth,
+                self._reference_dispersion(refs, features, references),
+                own=np.array([position.get(self._prompts[i].uid, -1) for i in indices], dtype=np.int64),
             )
-        return p, measured
+        return a + counts[:, 0], b + counts[:, 1] - counts[:, 0], measured
+
+    def estimates(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Estimated pass rates (predictive means) of the prompts ``indices`` and whether each was measured."""
+        a, b, measured = self.predictive(indices)
+        return a / (a + b), measured
+
+    def _reference_dispersion(
+        self, refs: list[tuple[str, PromptRecord]], features: np.ndarray, records: list[PromptRecord]
+    ) -> float | None:
+        """rho of the current references (``engine/data/similarity.py``), fitted again only when they
+        changed: a draw asks for the explored prompts' predictive and the pool's with the same ones. A
+        function of the references alone, so a resumed run fits what an uninterrupted one did."""
+        if self._dispersion is None or self._dispersion[0] != refs:
+            rho = reference_dispersion(features, records, self.options.bandwidth)
+            self._dispersion = (refs, rho)
+        return self._dispersion[1]
 
     # -- drawing --------------------------------------------------------------------------------
 
@@ -181,12 +252,12 @@ class PromptSelector:
         """The next ``k`` prompts (see the module docstring for how the weighted selections draw)."""
         if self.selection == "uniform":
             batch = self.epochs.next_batch(k)
-            self._note_chosen(*self.estimates([self._index[p.uid] for p in batch]))
+            self._note_chosen(*self.predictive([self._index[p.uid] for p in batch]))
             return batch
         explored = [
             self._index[p.uid] for p in self.epochs.next_batch(explore_count(k, self.options.explore))
         ]
-        self._note_chosen(*self.estimates(explored))
+        self._note_chosen(*self.predictive(explored))
         weighted = self._weighted(k - len(explored), set(explored)) if k > len(explored) else []
         return [self._prompts[i] for i in explored + weighted]
 
@@ -199,19 +270,20 @@ class PromptSelector:
         pool = [int(i) for i in drawn if int(i) not in exclude][:size]
         if len(pool) < want:  # fewer prompts than the batch needs: the explored ones may repeat
             pool = [int(i) for i in drawn]
-        p, measured = self.estimates(pool)
-        logw = log_weights(p, self.selection, self.options)
-        self._tally.pool_zero_var.extend(zero_variance_probability(p, self.group_size).tolist())
+        a, b, measured = self.predictive(pool)
+        logw = log_weights(a, b, self.selection, self.options, self.group_size)
+        self._tally.pool_zero_var.extend(beta_binomial_zero_variance(a, b, self.group_size).tolist())
         self._tally.effective.append(effective_number(selection_probabilities(logw)))
         picked: list[int] = []  # positions in the pool
         while len(picked) < want:  # one pass unless the batch is larger than the pool
             keys = logw + rng.gumbel(size=len(pool))
             picked.extend(int(j) for j in np.argsort(-keys, kind="stable")[: want - len(picked)])
-        self._note_chosen(p[picked], measured[picked])
+        self._note_chosen(a[picked], b[picked], measured[picked])
         return [pool[j] for j in picked]
 
-    def _note_chosen(self, p: np.ndarray, measured: np.ndarray) -> None:
-        self._tally.chosen_p.extend(p.tolist())
+    def _note_chosen(self, a: np.ndarray, b: np.ndarray, measured: np.ndarray) -> None:
+        self._tally.chosen_p.extend((a / (a + b)).tolist())
+        self._tally.chosen_zero_var.extend(beta_binomial_zero_variance(a, b, self.group_size).tolist())
         self._tally.chosen_measured.extend(measured.tolist())
 
     # -- statistics and metrics -----------------------------------------------------------------
@@ -232,7 +304,7 @@ class PromptSelector:
             p = np.array(t.chosen_p)
             out["selection/p_est_mean"] = float(p.mean())
             out["selection/measured_frac"] = float(np.mean(t.chosen_measured))
-            expected = float(zero_variance_probability(p, self.group_size).mean())
+            expected = float(np.mean(t.chosen_zero_var))
             out["selection/zero_var_expected"] = expected
             if t.pool_zero_var:
                 uniform = float(np.mean(t.pool_zero_var))
@@ -259,3 +331,4 @@ class PromptSelector:
         self.stats = PromptStats()
         self.stats.load_state_dict(saved.get("stats", {}), known=self._index)
         self._tally = _StepTally()
+        self._dispersion = None

@@ -28,17 +28,58 @@ replaces the learned embedding with one that needs no model and no training:
   similarity and by how often they were measured, and a prompt with no similar measured neighbour
   gets the pass rate typical of the data so far.
 
-How well it works here (``bench/selection_predictor.py``): the arithmetic starter policy measured on
-800 training prompts (8 completions each), 400 of them given as measured, the other 400 predicted
-from their text. On 2026-11-27's starter, with h = 0.1 and the default 256 references, over six
-random halves: the predictions correlate 0.28 (sd 0.05) with the measured pass rates, and the
-quarter predicted nearest 1/2 has a 0.17 chance of a zero-variance group against 0.25 for all of
-them: a third fewer groups without a learning signal among prompts never sampled (the bench's one
-split: 0.26, and 0.22 against 0.23; an earlier starter gave 0.38, and 0.16 against 0.29). The
-hash of the n-grams does not matter: CRC-32 of the n-gram's text, as before, gave 0.28 and 0.18
-on the same six halves, and other salts or 256 and 512 buckets 0.28-0.29 and 0.17-0.19. (The
-absolute error barely beats predicting the mean, 0.208 against 0.213: n-grams see which digits a
-sum has, not its carries; the ranking near 1/2 is what the selection uses.)
+**Calibrated predictive.** The estimate above is a Beta of mean p(x) and concentration
+E = c + sum_j K n_j (the nominal evidence), but E counts the neighbours' attempts as if they were
+the prompt's own: with many similar references it grows to 10-16 here, while a prompt's true pass
+rate differs from its neighbours' by much more than a Beta(10 p, 10 (1 - p)) allows (prompts
+predicted near 1/2 are often really near 0 or 1). So the predictive of a never-sampled prompt
+keeps the mean and widens the variance:
+
+    Var(p | x) = p(x) (1 - p(x)) (rho + 1 / (E + 1)),   i.e. a Beta of concentration kappa with
+    1 / (kappa + 1) = rho + 1 / (E + 1),
+
+the kernel posterior's own uncertainty plus rho, the dispersion of true pass rates around the
+kernel mean among prompts alike to it; rho = 0 gives back the nominal Beta. rho is measured on
+the references themselves (``reference_dispersion``): each is predicted from the others (leave one
+out, so it never saw its own outcomes) and rho is chosen so that these predictions expect exactly
+as many zero-variance groups (all of a reference's n_j attempts equal) as the references had. Why
+fit that rather than the second moment: what the selection uses is P0 = E[p^n + (1 - p)^n], which
+depends on the tails of the pass rates near 0 and 1 and not only on their variance. On a synthetic
+population of two modes (p ~ Beta(8, 0.5) or Beta(0.5, 8), the text telling only the mixture),
+a Beta matching the variance (the method of moments of Kleinman 1973) predicted 0.59-0.65 of the
+groups to have zero variance where 0.69-0.71 had; the fitted rho predicts 0.68-0.72 (eight
+populations of 4000 prompts, 1024 references; ``tests/engine/test_selection.py`` checks three). On
+the starter policy's prompts below, whose pass rates are less extreme, the two agree (0.170 by the
+moments, 0.176 fitted, 0.165 measured, over the twenty halves). The fitted predictive rises with
+rho (a Beta of fixed mean spreads in the convex order as its concentration falls, and
+p^n + (1 - p)^n is convex), so bisection finds it. Capping E at one constant instead (1 / rho - 1)
+would rank never-sampled prompts by their mean alone; the sum keeps a prompt with more and closer
+neighbours narrower. The same Beta, with the prompt's own record left out of its neighbours, is the
+prior that a measured prompt's own outcomes update (``engine/data/selection.py``).
+
+How well it works here (``taskset -c 0 python bench/selection_predictor.py``): the arithmetic starter policy measured on
+800 training prompts (8 completions each), half of them given as measured, the other half predicted
+from their text. On 2026-11-27's starter, with h = 0.1 and the default 256 references, over twenty
+random halves, the chance of a zero-variance group, predicted / measured (deciles of the
+prediction, lowest first; 8000 held-out predictions):
+
+    point estimate p^n + (1 - p)^n:  overall 0.030/0.165;  0.013/0.086 0.017/0.121 0.021/0.130
+        0.023/0.139 0.026/0.160 0.029/0.177 0.032/0.154 0.036/0.189 0.042/0.211 0.060/0.278
+    calibrated Beta predictive P0:   overall 0.176/0.165;  0.120/0.110 0.139/0.136 0.151/0.125
+        0.161/0.152 0.170/0.151 0.178/0.155 0.188/0.194 0.199/0.168 0.212/0.198 0.241/0.256
+
+(The references' own count fixes the overall level, so it carries their sampling error: six
+halves gave 0.156-0.210 for held-out frequencies of 0.152-0.163, as their references' frequencies
+were 0.156-0.207.) The ranking is the kernel's: the quarter predicted nearest 1/2 had zero-variance
+groups 0.113 of the time, the quarter of lowest P0 0.126, against 0.165 for all. The bench's one
+split (the first half measured): the predictions correlate 0.25 with the measured pass rates, and
+the quarter predicted nearest 1/2 has a plug-in zero-variance chance (of its measured rates) of
+0.21 against 0.28 for all of them. Earlier figures (an earlier starter, six random halves):
+correlation 0.28 (sd 0.05), 0.17 against 0.25. The hash of the n-grams does not matter: CRC-32 of
+the n-gram's text, as before, gave 0.28 and 0.18 on the same six halves, and other salts or 256
+and 512 buckets 0.28-0.29 and 0.17-0.19. (The absolute error barely beats predicting the mean,
+0.229 against 0.235: n-grams see which digits a sum has, not its carries; the ranking near 1/2 is
+what the selection uses.)
 
 Cost: a prompt's features are computed once, for all the prompts a draw needs at once in a few
 array operations: 1024 new prompts of 22 characters in 121 ms against 877 ms hashed one n-gram at a
@@ -48,11 +89,15 @@ per-n-gram loop, the rollout producer of a profiled 40-step DAPO run spent 34 s 
 outside generation and scoring (uniform's: 8 s), and ``bench/data_efficiency.py``'s first 50 steps took 62 s against uniform's 36 s for the
 same number of generated tokens. An estimate is one
 ``(candidates x DIM) @ (DIM x references)`` product: about 34 million multiply-adds for 1024
-candidates against 256 references.
+candidates against 256 references. Fitting rho (once per change of the reference set, so about
+once per draw) is one references x references kernel and 42 beta-binomial sums over them: 4.7 ms
+for 256 references measured 8-24 times (min of 10, one core), against 1.6 ms for the 1024
+candidates' predictive.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -129,17 +174,159 @@ class FeatureCache:
         return self._rows[wanted]
 
 
+def kernel_pool(
+    candidates: np.ndarray,
+    references: np.ndarray,
+    records: Sequence[PromptRecord],
+    bandwidth: float,
+    own: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel-pooled posterior mean of each row of ``candidates`` and its nominal evidence
+    c + sum_j K(x, x_j) n_j (the concentration a + b of the pooled Beta, see the module docstring);
+    ``references`` holds the features of the measured prompts ``records`` describe. ``own[i]``, when
+    given and not -1, is candidate i's own position among the references: it is left out (of the
+    sums and of the pooled prior mean), so a measured prompt's prior never holds its own outcomes."""
+    strength = PRIOR_A + PRIOR_B
+    if len(records) == 0 or len(candidates) == 0:
+        return np.full(len(candidates), PRIOR_A / strength), np.full(len(candidates), strength)
+    weights = _kernel(candidates, references, bandwidth)
+    evidence = _evidence(records)
+    sums = np.broadcast_to(evidence.sum(axis=0), (len(candidates), 2)).copy()
+    if own is not None and (own >= 0).any():
+        rows = np.flatnonzero(own >= 0)
+        weights[rows, own[rows]] = 0.0
+        sums[rows] -= evidence[own[rows]]
+    prior_mean = (PRIOR_A + sums[:, 0]) / (strength + sums[:, 1])
+    pooled = (weights @ evidence.astype(weights.dtype)).astype(np.float64)  # one product for both sums
+    total = strength + pooled[:, 1]
+    return (strength * prior_mean + pooled[:, 0]) / total, total
+
+
 def kernel_estimates(
     candidates: np.ndarray, references: np.ndarray, records: Sequence[PromptRecord], bandwidth: float
 ) -> np.ndarray:
-    """Kernel-pooled posterior means of the pass rate for each row of ``candidates`` (see the module
-    docstring); ``references`` holds the features of the measured prompts ``records`` describe."""
-    if len(records) == 0 or len(candidates) == 0:
-        return np.full(len(candidates), PRIOR_A / (PRIOR_A + PRIOR_B))
+    """Kernel-pooled posterior means of the pass rate for each row of ``candidates`` (``kernel_pool``'s
+    first half)."""
+    return kernel_pool(candidates, references, records, bandwidth)[0]
+
+
+def _kernel(candidates: np.ndarray, references: np.ndarray, bandwidth: float) -> np.ndarray:
     cosine = np.minimum(candidates @ references.T, 1.0)  # unit vectors; float32 rounding may pass 1
-    weights = np.exp((cosine - 1.0) / bandwidth)
-    evidence = np.array([(r.successes, r.attempts) for r in records], dtype=np.float64)
+    return np.exp((cosine - 1.0) / bandwidth)
+
+
+def _evidence(records: Sequence[PromptRecord]) -> np.ndarray:
+    return np.array([(r.successes, r.attempts) for r in records], dtype=np.float64).reshape(-1, 2)
+
+
+RHO_MAX = 0.999
+"""Largest relative variance used: 1 / (kappa + 1) -> 1 is a population of pass rates 0 and 1 only
+(a Beta of concentration kappa -> 0); the cap keeps kappa at least 0.001."""
+
+
+SUMMED_FACTORS = 64
+"""Up to this many completions a group, ``beta_binomial_zero_variance`` sums the logs of the n
+rising-factorial factors (exact); past it, differences of ``math.lgamma`` (cost independent of n)."""
+
+_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+
+
+def _log_rising(x: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """log (x (x + 1) ... (x + n - 1)) = log Gamma(x + n) - log Gamma(x), elementwise (x > 0)."""
+    top = int(counts.max()) if counts.size else 0
+    if top > SUMMED_FACTORS:
+        return _lgamma(x + counts) - _lgamma(x)
+    i = np.arange(top, dtype=np.float64).reshape((top,) + (1,) * x.ndim)
+    return np.where(i < counts, np.log(x + i), 0.0).sum(axis=0)
+
+
+def beta_binomial_zero_variance(a: np.ndarray, b: np.ndarray, n: int | np.ndarray) -> np.ndarray:
+    """E[p^n + (1 - p)^n] for p ~ Beta(a, b): the chance that n completions all succeed or all fail
+    when the pass rate is known only up to a Beta (the beta-binomial's mass at 0 and at n).
+
+    E[p^n] = B(a + n, b) / B(a, b) = Gamma(a + n) Gamma(a + b) / (Gamma(a) Gamma(a + b + n)), for a
+    whole n the ratio of rising factorials prod_{i < n} (a + i) / (a + b + i), taken in logs: the
+    exponent is at most 0, so nothing overflows. For the group sizes of a run (up to
+    ``SUMMED_FACTORS``) the logs of the factors are summed, exactly; for longer records (a reference
+    measured over many steps) the log-gamma differences, whose rounding (about 1e-16 of
+    log Gamma(a + b + n)) stays far below anything a count of groups can tell. ``n`` may be one count
+    or one per element (n = 0 gives 2: an empty group is "all equal" both ways; no caller asks)."""
+    a, b, counts = np.broadcast_arrays(
+        np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), np.asarray(n, dtype=np.int64)
+    )
+    total = _log_rising(a + b, counts)
+    return np.exp(_log_rising(a, counts) - total) + np.exp(_log_rising(b, counts) - total)
+
+
+def reference_dispersion(
+    references: np.ndarray, records: Sequence[PromptRecord], bandwidth: float
+) -> float | None:
+    """rho: how far true pass rates spread around the kernel mean beyond the kernel posterior's own
+    uncertainty, fitted so that the references' zero-variance groups are predicted as often as they
+    happened (see the module docstring, "calibrated predictive").
+
+    Each reference j is predicted from the others: the leave-one-out kernel mean mu_j with nominal
+    evidence E_j, which never saw its outcomes, widened to the Beta of mean mu_j and relative
+    variance 1 / (kappa_j + 1) = rho + 1 / (E_j + 1). rho solves
+
+        sum_j P(all n_j outcomes equal | Beta(mu_j kappa_j, (1 - mu_j) kappa_j))
+            = #{j : s_j = 0 or s_j = n_j}
+
+    (the left side rises with rho: a Beta of fixed mean is more spread in the convex order the
+    smaller its concentration, and p^n + (1 - p)^n is convex), by bisection on [0, ``RHO_MAX``]; 0
+    when even the nominal evidence predicts as many (the kernel is not overconfident), None when it
+    cannot be told (fewer than two references measured at least twice: a single attempt is all
+    equal whatever p is; such references still count as neighbours of the others). Only outcomes
+    all 0 or all 1 count as happened: with fractional rewards this sees only the all-wrong and
+    all-right records, as the Bernoulli model behind P0 does."""
+    evidence = _evidence(records)
+    keep = evidence[:, 1] > 0
+    if keep.sum() < 2:
+        return None
+    evidence, references = evidence[keep], references[keep]
     strength = PRIOR_A + PRIOR_B
-    prior_mean = (PRIOR_A + evidence[:, 0].sum()) / (strength + evidence[:, 1].sum())
-    pooled = (weights @ evidence.astype(weights.dtype)).astype(np.float64)  # one product for both sums
-    return (strength * prior_mean + pooled[:, 0]) / (strength + pooled[:, 1])
+    weights = _kernel(references, references, bandwidth).astype(np.float64)
+    np.fill_diagonal(weights, 0.0)
+    pooled = weights @ evidence
+    s, n = evidence[:, 0], evidence[:, 1]
+    prior_mean = (PRIOR_A + s.sum() - s) / (strength + n.sum() - n)  # without j: it never saw j's outcomes
+    total = strength + pooled[:, 1]
+    mu = (strength * prior_mean + pooled[:, 0]) / total
+    attempts = np.rint(n).astype(np.int64)
+    told = attempts >= 2  # one attempt is "all equal" whatever p: it tells nothing of the spread
+    if told.sum() < 2:
+        return None
+    mu, total, attempts = mu[told], total[told], attempts[told]
+    happened = float(((s[told] <= 1e-9) | (s[told] >= n[told] - 1e-9)).sum())
+
+    def predicted(rho: float) -> float:
+        kappa = 1.0 / np.minimum(rho + 1.0 / (total + 1.0), RHO_MAX) - 1.0
+        return float(beta_binomial_zero_variance(mu * kappa, (1.0 - mu) * kappa, attempts).sum())
+
+    lo, hi = 0.0, RHO_MAX
+    if predicted(lo) >= happened:
+        return 0.0
+    if predicted(hi) <= happened:
+        return hi
+    for _ in range(40):  # RHO_MAX / 2^40: far below anything the counts can tell apart
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if predicted(mid) < happened else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def kernel_predictive(
+    candidates: np.ndarray,
+    references: np.ndarray,
+    records: Sequence[PromptRecord],
+    bandwidth: float,
+    rho: float | None,
+    own: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The calibrated Beta(a, b) predictive of each candidate's pass rate from its neighbours: the
+    kernel-pooled mean mu, and the concentration kappa whose Beta has the variance the references
+    show, 1 / (kappa + 1) = rho + 1 / (E + 1) (``reference_dispersion``'s rho, None counting as 0; E
+    the nominal evidence); a = mu kappa, b = (1 - mu) kappa. ``own`` as for ``kernel_pool``."""
+    mean, evidence = kernel_pool(candidates, references, records, bandwidth, own)
+    relative = np.minimum((rho or 0.0) + 1.0 / (evidence + 1.0), RHO_MAX)
+    kappa = 1.0 / relative - 1.0
+    return mean * kappa, (1.0 - mean) * kappa

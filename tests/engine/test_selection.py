@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import string
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,15 @@ from engine.data.selection import (
     selection_probabilities,
     zero_variance_probability,
 )
-from engine.data.similarity import DIM, kernel_estimates, ngram_features, ngram_matrix
+from engine.data.similarity import (
+    DIM,
+    beta_binomial_zero_variance,
+    kernel_estimates,
+    kernel_predictive,
+    ngram_features,
+    ngram_matrix,
+    reference_dispersion,
+)
 from engine.run import execute
 from tests.engine.test_run import metrics_by_step, read_events, small_config
 
@@ -78,16 +87,25 @@ def test_statistics_accumulate_and_keep_the_measurement_order() -> None:
         PromptStats().load_state_dict(stats.state_dict(), known=["a"])
 
 
+def exact_zero_variance(a: float, b: float, n: int) -> float:
+    """The beta-binomial's mass at 0 and at n from its pmf, C(n, k) B(a + k, b + n - k) / B(a, b)."""
+
+    def log_beta(x: float, y: float) -> float:
+        return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
+
+    return sum(math.exp(log_beta(a + k, b + n - k) - log_beta(a, b)) for k in (0, n))
+
+
 def test_the_selection_weights() -> None:
     options = SelectionOptions(temperature=0.1, alpha=2.0, beta=1.0)
-    p = np.array([0.25, 0.5, 0.8])
-    assert log_weights(p, "difficulty_targeted", options).tolist() == pytest.approx(
-        [-2.5, 0.0, -3.0], abs=1e-12
+    a, b = np.array([1.0, 5.0, 8.0]), np.array([3.0, 5.0, 2.0])  # posterior means 0.25, 0.5, 0.8
+    assert log_weights(a, b, "difficulty_targeted", options, 4).tolist() == pytest.approx(
+        [-exact_zero_variance(x, y, 4) / 0.1 for x, y in zip(a, b)], abs=1e-12
     )
-    assert log_weights(p, "pace", options).tolist() == pytest.approx(
+    assert log_weights(a, b, "pace", options, 4).tolist() == pytest.approx(  # pace: on the posterior mean
         [math.log(0.25**2 * 0.75), math.log(0.5**2 * 0.5), math.log(0.8**2 * 0.2)], abs=1e-12
     )
-    assert log_weights(p, "uniform", options).tolist() == [0.0, 0.0, 0.0]
+    assert log_weights(a, b, "uniform", options, 4).tolist() == [0.0, 0.0, 0.0]
     probs = selection_probabilities(np.log(np.array([1.0, 3.0])))
     assert probs.tolist() == pytest.approx([0.25, 0.75], abs=1e-15)
     assert (
@@ -99,6 +117,157 @@ def test_the_selection_weights() -> None:
     )
     cases = {(4, 0.1): 1, (30, 0.1): 3, (10, 0.25): 3, (5, 1.0): 5, (1, 0.01): 1}
     assert {case: explore_count(*case) for case in cases} == cases
+
+
+def test_the_beta_binomial_chance_of_a_zero_variance_group() -> None:
+    """E[p^n + (1 - p)^n] under Beta(a, b) against the beta-binomial pmf (log-gammas) and a Monte-Carlo
+    draw; it reduces to the point formula as the Beta concentrates and to 1 as it splits to 0 and 1."""
+    cases = [(1.0, 1.0, 8), (0.3, 0.7, 8), (5.0, 5.0, 4), (2.5, 40.0, 16), (0.02, 0.05, 1), (7.0, 1.0, 3)]
+    cases += [(0.4, 0.9, 64), (0.4, 0.9, 65), (3.0, 0.5, 700)]  # summed factors, then log-gammas
+    a, b, n = (np.array(c, dtype=float) for c in zip(*cases))
+    got = beta_binomial_zero_variance(a, b, n.astype(int))  # one n per element
+    assert got.tolist() == pytest.approx([exact_zero_variance(*c) for c in cases], rel=1e-10)
+    # The same cases without the long one: summed factors instead of log-gammas, the same figures.
+    assert beta_binomial_zero_variance(a[:-1], b[:-1], n[:-1].astype(int)).tolist() == pytest.approx(
+        got[:-1].tolist(), rel=1e-12
+    )
+    # Under the uniform prior every count of successes has chance 1 / (n + 1): two of them, 2 / 9.
+    assert beta_binomial_zero_variance(1.0, 1.0, 8) == pytest.approx(2 / 9, rel=1e-14)
+    assert beta_binomial_zero_variance(np.array([3.0]), np.array([1.0]), 1)[0] == pytest.approx(1.0)
+    # Monte Carlo: 200 000 draws of p, then n outcomes; the frequency's SE is at most 0.5/sqrt(2e5)
+    # = 0.0011, so 0.006 is more than 5 SE.
+    rng = np.random.default_rng(0)
+    for x, y, m in [(0.4, 0.6, 8), (3.0, 2.0, 5), (0.5, 0.5, 100)]:
+        p = rng.beta(x, y, 200_000)
+        wins = rng.binomial(m, p)
+        frequency = float(((wins == 0) | (wins == m)).mean())
+        assert beta_binomial_zero_variance(x, y, m) == pytest.approx(frequency, abs=0.006)
+    # A concentrated Beta is a known p: the point formula; one at 0 and 1 only: always all equal.
+    assert beta_binomial_zero_variance(0.3e9, 0.7e9, 8) == pytest.approx(
+        zero_variance_probability(0.3, 8), rel=1e-6
+    )
+    assert beta_binomial_zero_variance(1e-6, 1e-6, 8) == pytest.approx(1.0, abs=1e-5)
+
+
+def bimodal_population(
+    seed: int, clusters: int = 40, per_cluster: int = 100
+) -> tuple[list[Prompt], np.ndarray]:
+    """Prompts in clusters of similar text; in cluster c a prompt is easy (p ~ Beta(8, 0.5)) with
+    chance q_c ~ U(0, 1), else hard (p ~ Beta(0.5, 8)): the text tells the mixture, not the prompt."""
+    rng = np.random.default_rng(seed)
+    words = ["".join(rng.choice(list(string.ascii_lowercase), 6)) for _ in range(clusters)]
+    share = rng.random(clusters)
+    prompts, rates = [], []
+    for c in range(clusters):
+        for i in range(per_cluster):
+            prompts.append(Prompt(uid=f"{c}-{i}", text="", raw=f"{words[c]} {rng.integers(1000)}"))
+            rates.append(rng.beta(8, 0.5) if rng.random() < share[c] else rng.beta(0.5, 8))
+    return prompts, np.array(rates)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_calibrated_predictive_predicts_how_often_groups_have_zero_variance(seed: int) -> None:
+    """1024 references measured with 8 completions each; the other 2976 prompts predicted from their
+    text and then sampled 8 times each. The predicted mean chance of a zero-variance group must match
+    the measured frequency (about 0.70 here).
+
+    Tolerance: the measured frequency of 2976 groups has SE sqrt(0.7 * 0.3 / 2976) = 0.008; the
+    dispersion is fitted to the references' own zero-variance count, whose SE as a frequency is
+    sqrt(0.21 / 1024) = 0.014 and which the held-out prediction inherits; together 0.017, and 0.05
+    is 3 of them. The point estimate plugged into p^n + (1 - p)^n predicts under 0.1, the kernel's
+    nominal evidence unwidened under 0.5: either fails by far more."""
+    n, references = 8, 1024
+    prompts, rates = bimodal_population(seed)
+    rng = np.random.default_rng(100 + seed)
+    order = rng.permutation(len(prompts))
+    selector = PromptSelector(
+        prompts,
+        selection="difficulty_targeted",
+        options=SelectionOptions(references=references),
+        group_size=n,
+    )
+    for i in order[:references]:
+        selector.observe(prompts[i].uid, (rng.random(n) < rates[i]).astype(float).tolist(), step=1)
+    held = order[references:].tolist()
+    a, b, measured = selector.predictive(held)
+    assert not measured.any()
+    outcomes = rng.random((len(held), n)) < rates[held][:, None]
+    frequency = float((outcomes.all(axis=1) | (~outcomes).all(axis=1)).mean())
+    assert 0.6 < frequency < 0.8
+    assert float(beta_binomial_zero_variance(a, b, n).mean()) == pytest.approx(frequency, abs=0.05)
+    assert float(zero_variance_probability(a / (a + b), n).mean()) < 0.1
+    refs = selector.stats.recent(references)
+    index = {p.uid: i for i, p in enumerate(prompts)}
+    unwidened = kernel_predictive(
+        ngram_matrix([prompts[i].raw for i in held]),
+        ngram_matrix([prompts[index[uid]].raw for uid, _ in refs]),
+        [r for _, r in refs],
+        SelectionOptions().bandwidth,
+        None,
+    )
+    assert float(beta_binomial_zero_variance(*unwidened, n).mean()) < 0.5
+
+
+def test_a_measured_prompt_updates_the_prior_of_its_neighbours() -> None:
+    """A measured prompt's predictive is its neighbours' calibrated Beta with its own record left out
+    (of the kernel sums and of the pooled prior mean), plus its own successes and failures."""
+    prompts = [Prompt(uid=f"p{i}", text="", raw=raw) for i, raw in enumerate(["12+34=", "12+35=", "97+8="])]
+    selector = PromptSelector(prompts, selection="difficulty_targeted", group_size=4)
+    outcomes = {"p0": [1.0, 1.0, 1.0, 0.0], "p1": [0.0, 0.0, 1.0, 0.0], "p2": [1.0, 1.0, 1.0, 1.0]}
+    for uid, values in outcomes.items():
+        selector.observe(uid, values, step=1)
+    a, b, measured = selector.predictive([0, 1, 2])
+    assert measured.all()
+    features = ngram_matrix([p.raw for p in prompts])
+    records = [r for _, r in selector.stats.recent(256)]
+    rho = reference_dispersion(features, records, 0.1)
+    for i in range(3):
+        others = [j for j in range(3) if j != i]
+        prior = kernel_predictive(
+            features[i : i + 1], features[others], [records[j] for j in others], 0.1, rho
+        )
+        s, n = records[i].successes, records[i].attempts
+        # rel 1e-6: the selector's features are float32 (cosines rounded to about 6e-8), these float64.
+        assert (a[i], b[i]) == pytest.approx((prior[0][0] + s, prior[1][0] + n - s), rel=1e-6)
+    # The same through ``own``: the candidate's position among the references is left out.
+    left_out = kernel_predictive(features, features, records, 0.1, rho, own=np.array([0, 1, 2]))
+    assert left_out[0] + np.array([r.successes for r in records]) == pytest.approx(a, rel=1e-6)
+
+
+def test_uniform_draws_expect_as_many_zero_variance_groups_as_they_get() -> None:
+    """``selection/zero_var_expected`` against ``selection/zero_var_frac`` over steps 51-150 of uniform
+    draws (32 prompts of 10 000 a step, 8 completions each) on the two-mode population, where the
+    plug-in point estimate expected 0.03-0.05.
+
+    Tolerance: 3200 groups give the frequency an SE of sqrt(0.7 * 0.3 / 3200) = 0.008; each step's
+    dispersion is fitted on its 256 references (SE 0.03 as a frequency), and the hundred steps'
+    reference sets overlap, so their errors average little: 0.06 is about 2 of those plus 3 of the
+    former."""
+    prompts, rates = bimodal_population(0, clusters=100, per_cluster=100)
+    index = {p.uid: i for i, p in enumerate(prompts)}
+    rng = np.random.default_rng(1)
+    selector = PromptSelector(prompts, selection="uniform", seed=0, group_size=8)
+    metrics = []
+    for step in range(1, 151):
+        for p in selector.next_batch(32):
+            selector.observe(p.uid, (rng.random(8) < rates[index[p.uid]]).astype(float).tolist(), step)
+        metrics.append(selector.metrics())
+    late = metrics[50:]
+    expected = np.mean([m["selection/zero_var_expected"] for m in late])
+    frequency = np.mean([m["selection/zero_var_frac"] for m in late])
+    assert 0.6 < frequency < 0.8
+    assert expected == pytest.approx(frequency, abs=0.06)
+
+
+def test_the_dispersion_needs_two_measured_references() -> None:
+    f = ngram_matrix(["1+1=", "1+2="])
+    assert reference_dispersion(f[:1], [PromptRecord(8, 4.0, 1)], 0.1) is None
+    assert reference_dispersion(f, [PromptRecord(8, 4.0, 1), PromptRecord(0, 0.0, 1)], 0.1) is None
+    # One attempt is all equal whatever the pass rate: such references tell nothing of the spread.
+    assert reference_dispersion(f, [PromptRecord(1, 1.0, 1), PromptRecord(1, 0.0, 1)], 0.1) is None
+    # Two references that each saw all-equal groups where their neighbour predicts 1/2: as spread as can be.
+    rho = reference_dispersion(f, [PromptRecord(8, 8.0, 1), PromptRecord(8, 0.0, 1)], 0.1)
+    assert rho is not None and rho > 0.9
 
 
 def test_the_kernel_estimate_pools_similar_measured_prompts() -> None:
