@@ -202,14 +202,6 @@ def kernel_pool(
     return (strength * prior_mean + pooled[:, 0]) / total, total
 
 
-def kernel_estimates(
-    candidates: np.ndarray, references: np.ndarray, records: Sequence[PromptRecord], bandwidth: float
-) -> np.ndarray:
-    """Kernel-pooled posterior means of the pass rate for each row of ``candidates`` (``kernel_pool``'s
-    first half)."""
-    return kernel_pool(candidates, references, records, bandwidth)[0]
-
-
 def _kernel(candidates: np.ndarray, references: np.ndarray, bandwidth: float) -> np.ndarray:
     cosine = np.minimum(candidates @ references.T, 1.0)  # unit vectors; float32 rounding may pass 1
     return np.exp((cosine - 1.0) / bandwidth)
@@ -308,7 +300,7 @@ def reference_dispersion(
         return 0.0
     if predicted(hi) <= happened:
         return hi
-    for _ in range(40):  # RHO_MAX / 2^40: far below anything the counts can tell apart
+    for _ in range(20):  # to RHO_MAX / 2^20 ~ 1e-6: far below what 256 references' counts can tell apart
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if predicted(mid) < happened else (lo, mid)
     return 0.5 * (lo + hi)

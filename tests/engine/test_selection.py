@@ -34,7 +34,7 @@ from engine.data.selection import (
 from engine.data.similarity import (
     DIM,
     beta_binomial_zero_variance,
-    kernel_estimates,
+    kernel_pool,
     kernel_predictive,
     ngram_features,
     ngram_matrix,
@@ -286,13 +286,13 @@ def test_the_kernel_estimate_pools_similar_measured_prompts() -> None:
     record = PromptRecord(4, 3.0, 1)
     m = (1 + 3) / (2 + 4)  # the references' pooled pass rate under the Beta(1, 1) prior: the prior mean
     # Identical prompt: kernel weight exp(0) = 1, so (2 m + 3) / (2 + 4).
-    assert kernel_estimates(f[None], f[None], [record], 0.1)[0] == pytest.approx((2 * m + 3) / 6, abs=1e-7)
+    assert kernel_pool(f[None], f[None], [record], 0.1)[0][0] == pytest.approx((2 * m + 3) / 6, abs=1e-7)
     # Orthogonal prompt: weight exp(-1 / 0.1), almost nothing moves it from the prior mean.
     w = math.exp(-10.0)
-    assert kernel_estimates(far[None], f[None], [record], 0.1)[0] == pytest.approx(
+    assert kernel_pool(far[None], f[None], [record], 0.1)[0][0] == pytest.approx(
         (2 * m + 3 * w) / (2 + 4 * w), abs=1e-7
     )
-    assert kernel_estimates(f[None], np.zeros((0, DIM)), [], 0.1).tolist() == [0.5]
+    assert kernel_pool(f[None], np.zeros((0, DIM)), [], 0.1)[0].tolist() == [0.5]
 
 
 def test_a_never_sampled_prompt_is_estimated_from_similar_measured_ones() -> None:
