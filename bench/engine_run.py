@@ -28,6 +28,7 @@ class PresetRun:
     code: int
     wall_s: float
     metrics: dict[int, dict[str, Any]]
+    minutes: dict[int, float]  # wall minutes from the run's start to each step's metrics event
 
     @property
     def evals(self) -> dict[int, float]:
@@ -59,9 +60,10 @@ def run_preset(preset: str, steps: int, eval_every: int, overrides: list[str]) -
                 *overrides,
             ],
         )
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         code = execute(cfg, events=str(events))
         wall_s = time.perf_counter() - t0
         rows = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
     metrics = {e["step"]: e["values"] for e in rows if e["type"] == "metrics"}
-    return PresetRun(cfg, code, wall_s, metrics)
+    minutes = {e["step"]: (e["time"] - started) / 60 for e in rows if e["type"] == "metrics"}
+    return PresetRun(cfg, code, wall_s, metrics, minutes)
