@@ -72,11 +72,11 @@ def response_logprobs(
         impl=settings.impl,
         bias=getattr(head, "bias", None),
     )
-    logprobs = torch.zeros(mask.shape, dtype=torch.float32, device=lp.device)
+    logprobs = torch.zeros(mask.shape, dtype=lp.dtype, device=lp.device)  # the kernel's: float32, float64 for float64
     logprobs = logprobs.masked_scatter(mask, lp.squeeze(0))
     entropy = None
     if ent is not None:
-        entropy = torch.zeros(mask.shape, dtype=torch.float32, device=ent.device).masked_scatter(
+        entropy = torch.zeros(mask.shape, dtype=ent.dtype, device=ent.device).masked_scatter(
             mask, ent.squeeze(0)
         )
     return logprobs, entropy
@@ -313,15 +313,15 @@ def mini_batches(
     for rows in np.array_split(order, count):
         if len(rows) == 0:
             continue
-        mini = batch.select(rows.tolist())
-        info = global_batch_info(mini.response_mask, pl_config.loss_scale_factor)
+        index = torch.as_tensor(rows, dtype=torch.long)
+        mask = batch.response_mask[index]
+        info = global_batch_info(mask, pl_config.loss_scale_factor)
         skipped = 0
-        if skip_zero_advantage and mini.advantages is not None:
-            live = (mini.advantages * mini.response_mask).ne(0).any(-1)
-            keep = torch.nonzero(live).flatten().tolist() or [0]
-            skipped = len(mini) - len(keep)
-            if skipped:
-                mini = mini.select(keep)
+        if skip_zero_advantage and batch.advantages is not None:
+            live = (batch.advantages[index] * mask).ne(0).any(-1).numpy()
+            kept = rows[live] if live.any() else rows[:1]
+            skipped, rows = len(rows) - len(kept), kept
+        mini = batch.select(rows.tolist())  # the rows trained on, copied once
         yield mini, dataclasses.replace(pl_config, global_batch_info=info), skipped
 
 
