@@ -8,13 +8,14 @@ train accuracy, policy entropy and the fraction of groups whose rewards are all 
 
     python bench/learning_curve.py                 # grpo, 60 steps
     python bench/learning_curve.py --preset dapo --steps 80 --set rollout.n=16
-    python bench/learning_curve.py --preset dapo --steps 1800 --eval-every 150 --set data.eval_size=512 \
-        --starter arithmetic:1+countdown:1         # issue 16's learning ceiling
+    python bench/learning_curve.py --preset dapo --steps 1800 --eval-every 150 \
+        --set data.eval_size=512                   # issue 16's learning ceiling
 
 ``--starter`` picks the starter policy RL starts from: one ``task:difficulty`` (default
-``arithmetic:1``, what ``model.path: starter`` resolves to for the arithmetic task) or several joined
-by ``+`` (the mixture starter a staged run over those tasks starts from, SFT on all of them until
-each reaches its own target; built once and cached). The ``min`` column is the wall time from the
+``arithmetic:1``), the starter ``model.path: starter`` resolves to for that task (arithmetic's is
+trained with its companion task, countdown: ``engine.models.starter.COMPANIONS``), or several joined
+by ``+``, the mixture starter of exactly those tasks (SFT on all of them until each reaches its own
+target). Built once and cached. The ``min`` column is the wall time from the
 run's start to each printed step (evals included).
 
 Targets: +20 points of eval accuracy within 5 minutes on 2 cores (issue "Engine"); 85% within 5
@@ -31,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.engine_run import run_preset
-from engine.models.starter import mixture_starter_policy, starter_policy
+from engine.models.starter import starter_for, starter_policy
 
 
 def main() -> None:
@@ -45,7 +46,7 @@ def main() -> None:
 
     pairs = [(task, int(level or 1)) for task, _, level in (p.partition(":") for p in args.starter.split("+"))]
     t0 = time.perf_counter()  # the starter is built once and cached; not part of the RL time
-    path = starter_policy(*pairs[0]) if len(pairs) == 1 else mixture_starter_policy(pairs)
+    path = starter_policy(*pairs[0]) if len(pairs) == 1 else starter_for(pairs)
     build_s = time.perf_counter() - t0
     overrides = [f"model.path={path}", *args.overrides]
     run = run_preset(args.preset, args.steps, args.eval_every, overrides)

@@ -1,7 +1,8 @@
 """Starter policies: built once (cached under TRIBUTARY_DATA_DIR), sometimes right, never half-written.
 
-The first run of this module builds the arithmetic and countdown starters (about a minute
-each on one core); later runs reuse them from ``.cache/test-data`` (see tests/conftest.py).
+The first run of this module builds the arithmetic starter (a mixture with its companion,
+countdown) and the countdown starter (a few minutes on one core); later runs reuse them from
+``.cache/test-data`` (see tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from engine.models import (
     starter_policy,
 )
 from engine.models import starter as starter_mod
-from engine.models.starter import StarterRecipe, build_starter, greedy_completions
+from engine.models.starter import COMPANIONS, StarterRecipe, build_starter, greedy_completions
 from engine.paths import starter_dir
 
 SOMETIMES = (0.10, 0.60)  # "sometimes succeeds": RL has signal and room to improve
@@ -38,11 +39,14 @@ def test_starter_policy_sometimes_succeeds(task: str) -> None:
     path = starter_policy(task, 1)
     assert path == starter_path(task, 1)
     assert path.parent == starter_dir()
-    info = read_starter_info(path)
+    built = read_starter_info(path)
+    assert 800_000 <= built["num_parameters"] <= 2_500_000
+    # arithmetic's starter is the mixture with its companion (countdown): its record per task
+    info = next((t for t in built["tasks"] if t["task"] == task), None) if "tasks" in built else built
+    assert ("tasks" in built) == bool(COMPANIONS.get(task)), built
     low, high = SOMETIMES
     assert low <= info["eval_accuracy"] <= high, info
     assert info["task"] == task and info["difficulty"] == 1
-    assert 800_000 <= info["num_parameters"] <= 2_500_000
     # trained on prompts formatted exactly as a run with the default data config formats them
     cfg = DataConfig(task=task, difficulty=1)
     assert info["data"] == cfg.model_dump()
@@ -95,7 +99,7 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(starter_mod, "build_starter", broken)
     with pytest.raises(RuntimeError, match="killed mid-build"):
-        starter_policy("arithmetic", 1)
+        starter_policy("countdown", 1)  # a single-task build (arithmetic's is a mixture)
     assert [p.name for p in (tmp_path / "starter").iterdir() if not p.name.endswith(".lock")] == []
 
 
@@ -135,5 +139,6 @@ def test_resolve_model_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ModelLoadError, match="not 'builtin'"):
         resolve_model_path(ModelConfig(), DataConfig(source="jsonl", path="x.jsonl"))
     monkeypatch.setenv("TRIBUTARY_DATA_DIR", str(tmp_path))
-    monkeypatch.setattr(starter_mod, "starter_policy", lambda task, difficulty, progress=None: Path(task))
+    monkeypatch.setattr(starter_mod, "starter_for", lambda tasks, progress=None: Path("+".join(t for t, _ in tasks)))
     assert resolve_model_path(ModelConfig(), DataConfig(task="countdown")) == Path("countdown")
+    assert resolve_model_path(ModelConfig(), DataConfig()) == Path("arithmetic+countdown")

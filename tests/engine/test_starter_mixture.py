@@ -1,8 +1,8 @@
 """Mixture starters: the starter of a run whose ``data.stages`` train different built-in tasks.
 
 A single-task starter scores 0 on the other task, so DAPO's filter drops every group of that
-stage (issue 16's continual benchmark learnt nothing in stage 2). These tests pin which pairs a
-run's ``'starter'`` is trained on, that the single-task starter keeps its path and hash, the
+stage (issue 16's continual benchmark learnt nothing in stage 2). A task's companions join its
+starter too (arithmetic's: countdown). These tests pin which pairs a run's ``'starter'`` is trained on, that the single-task starter keeps its path and hash, the
 mixture's cache key, and (with a tiny recipe) that a build trains on both tasks and records each.
 """
 
@@ -16,12 +16,14 @@ import pytest
 from engine.config import DataConfig, RunConfig
 from engine.models import load_model, load_tokenizer, read_starter_info, resolve_model_path, starter_path
 from engine.models.starter import (
+    COMPANIONS,
     RECIPES,
     StarterRecipe,
     build_mixture_starter,
     mixture_recipe,
     mixture_starter_path,
     starter_location,
+    starter_pairs,
     starter_tasks,
 )
 from engine.paths import starter_dir
@@ -36,18 +38,21 @@ def data(*stages: dict, **over: object) -> DataConfig:
 
 
 def test_which_pairs_a_runs_starter_is_trained_on() -> None:
-    assert starter_tasks(DataConfig()) == [("arithmetic", 1)]
+    # arithmetic's starter is trained with its companion, countdown at difficulty 1, at every difficulty
+    assert COMPANIONS["arithmetic"] == (("countdown", 1),)
+    assert starter_tasks(DataConfig()) == BOTH == starter_pairs("arithmetic", 1)
+    assert starter_tasks(DataConfig(difficulty=3)) == [("arithmetic", 3), ("countdown", 1)]
     assert starter_tasks(DataConfig(task="countdown", difficulty=3)) == [("countdown", 3)]
-    # stages on data.task alone (harder later) keep today's single-task starter
+    # stages on data.task alone (harder later) keep data.task's starter
     same = data({"name": "a", "steps": 1}, {"name": "b", "steps": 1, "difficulty": 3})
-    assert starter_tasks(same) == [("arithmetic", 1)]
+    assert starter_tasks(same) == BOTH
     # different tasks: every stage's pair, sorted and distinct, whatever the order of the stages
     mixed = data(
         {"name": "c", "steps": 1, "task": "countdown", "difficulty": 2},
         {"name": "a", "steps": 1},
         {"name": "c2", "steps": 1, "task": "countdown", "difficulty": 2},
     )
-    assert starter_tasks(mixed) == [("arithmetic", 1), ("countdown", 2)]
+    assert starter_tasks(mixed) == [("arithmetic", 1), ("countdown", 2)]  # countdown is there: no companion
     # stages all on another task than data.task: that task's starter, not data.task's
     other = data({"name": "c", "steps": 1, "task": "countdown"})
     assert starter_tasks(other) == [("countdown", 1)]
@@ -58,9 +63,10 @@ def test_single_task_path_unchanged_and_mixture_cache_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRIBUTARY_DATA_DIR", str(tmp_path))
-    single = starter_path("arithmetic", 1)
-    assert starter_location([("arithmetic", 1)]) == single
+    single = starter_location([("arithmetic", 1)])  # arithmetic alone: no run resolves to it any more
     assert single.name.startswith("arithmetic-d1-")
+    assert starter_path("countdown", 1).name.startswith("countdown-d1-")
+    assert starter_path("arithmetic", 1) == mixture_starter_path(BOTH)  # with its companion
 
     mix = mixture_starter_path(BOTH)
     assert mix.parent == starter_dir()
