@@ -76,6 +76,14 @@ class SelectionOptions(Section):
         title="Reference prompts",
         description="The most recently measured prompts from which a prompt never sampled gets its estimate.",
     )
+    half_life: int = Field(
+        0,
+        ge=0,
+        title="Half-life of a prompt's record (steps)",
+        description="A measured prompt's own outcomes weigh half as much every this many steps since its last "
+        "group (the policy has moved since): its estimate widens back towards its neighbours' and it is not "
+        "chosen again on a stale record. 0 keeps every outcome at full weight.",
+    )
     bandwidth: float = Field(
         0.1,
         gt=0.0,

@@ -32,14 +32,26 @@ PRIOR_B = 1.0
 
 
 class PromptRecord(NamedTuple):
-    """What is known of one prompt: completions scored, their summed success, the last step seen.
+    """What is known of one prompt: completions scored, their summed success, the last step seen, and
+    with a half-life (``PromptStats``) the same two sums with each group discounted by its age at
+    ``last_step``.
 
     Immutable, and a tuple: a copy of the table shares its records, and JSON writes each as
-    ``[attempts, successes, last_step]``."""
+    ``[attempts, successes, last_step]`` or ``[attempts, successes, last_step, [attempts, successes]]``."""
 
     attempts: int
     successes: float
     last_step: int
+    recent: tuple[float, float] | None = None  # discounted (attempts, successes); None: no half-life
+
+    def discounted(self, now: int, half_life: int) -> tuple[float, float]:
+        """(attempts, successes) with every group weighted 2^(-age / half_life) at step ``now``; the
+        totals when ``half_life`` is 0."""
+        if not half_life:
+            return float(self.attempts), self.successes
+        attempts, successes = self.recent if self.recent is not None else (self.attempts, self.successes)
+        weight = 2.0 ** (-max(0, now - self.last_step) / half_life)
+        return attempts * weight, successes * weight
 
     @property
     def alpha(self) -> float:
@@ -74,10 +86,16 @@ def success_values(values: Iterable[float]) -> list[float]:
 
 
 class PromptStats:
-    """The table of :class:`PromptRecord` by prompt uid, most recently measured last."""
+    """The table of :class:`PromptRecord` by prompt uid, most recently measured last.
 
-    def __init__(self) -> None:
+    With ``half_life`` (steps, ``data.selection_options.half_life``) each record also keeps its sums
+    with every group discounted by 2^(-age / half_life), age counted to the record's last step (a
+    record chosen every few steps would never look old by its last step alone)."""
+
+    def __init__(self, half_life: int = 0) -> None:
+        self.half_life = half_life
         self._records: dict[str, PromptRecord] = {}
+        self.newest_step = 0  # the latest step any record saw (0 before the first)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -91,12 +109,19 @@ class PromptStats:
     def record(self, uid: str, values: Sequence[float], step: int) -> PromptRecord:
         """Add one scored group of ``uid`` (success values in [0, 1]) seen at ``step``; moves it to the end."""
         old = self._records.pop(uid, None)
+        last_step = max(step, old.last_step if old else step)
+        recent = None
+        if self.half_life:
+            before = old.discounted(last_step, self.half_life) if old else (0.0, 0.0)
+            recent = (before[0] + len(values), before[1] + float(sum(values)))
         new = PromptRecord(
             attempts=(old.attempts if old else 0) + len(values),
             successes=(old.successes if old else 0.0) + float(sum(values)),
-            last_step=max(step, old.last_step if old else step),
+            last_step=last_step,
+            recent=recent,
         )
         self._records[uid] = new
+        self.newest_step = max(self.newest_step, new.last_step)
         return new
 
     def recent(self, limit: int) -> list[tuple[str, PromptRecord]]:
@@ -107,10 +132,11 @@ class PromptStats:
     def items(self) -> list[tuple[str, PromptRecord]]:
         return list(self._records.items())
 
-    def state_dict(self) -> dict[str, PromptRecord]:
-        """``{uid: (attempts, successes, last_step)}`` in measurement order (JSON keeps it): a copy that
-        shares the immutable records, cheap enough to take before every batch (the asynchronous loop does)."""
-        return dict(self._records)
+    def state_dict(self) -> dict[str, tuple]:
+        """``{uid: (attempts, successes, last_step[, (attempts, successes) discounted])}`` in measurement
+        order (JSON keeps it): a copy that shares the immutable records, cheap enough to take before every
+        batch (the asynchronous loop does)."""
+        return {uid: r if r.recent is not None else r[:3] for uid, r in self._records.items()}
 
     def load_state_dict(
         self, state: Mapping[str, Sequence[float]], known: Iterable[str] | None = None
@@ -118,11 +144,13 @@ class PromptStats:
         """Take back ``state_dict()``; with ``known``, a uid outside it (other data) is an error."""
         allowed = None if known is None else set(known)
         records: dict[str, PromptRecord] = {}
-        for uid, (attempts, successes, last_step) in state.items():
+        for uid, (attempts, successes, last_step, *rest) in state.items():
             if allowed is not None and uid not in allowed:
                 raise ValueError(
                     f"the checkpoint's prompt statistics name prompt {uid!r}, which is not among this run's "
                     "training prompts; resume with the same data config"
                 )
-            records[uid] = PromptRecord(int(attempts), float(successes), int(last_step))
+            recent = (float(rest[0][0]), float(rest[0][1])) if rest and rest[0] is not None else None
+            records[uid] = PromptRecord(int(attempts), float(successes), int(last_step), recent)
         self._records = records
+        self.newest_step = max((r.last_step for r in records.values()), default=0)

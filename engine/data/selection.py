@@ -44,7 +44,10 @@ How a weighted batch of k prompts is drawn:
    attention-based predictor), widened by the dispersion of true pass rates around the kernel
    mean that those references show (fitted so that they predict their own zero-variance groups as
    often as these happened); a measured prompt's own s successes in n attempts update it to
-   Beta(a + s, b + n - s) (its own record left out of the neighbours). That prior, not the uniform
+   Beta(a + s', b + n' - s') (its own record left out of the neighbours), where s' and n' count each
+   of its groups with weight 2^(-age / h), age in steps to the newest group of any prompt and h =
+   ``data.selection_options.half_life`` (s' = s, n' = n when h is 0): the policy has moved since, so
+   an old 4 of 8 is weaker evidence of a pass rate near 1/2 now than a fresh one. That prior, not the uniform
    Beta(1, 1) of ``engine/data/prompt_stats.py``, is what keeps measured prompts calibrated: on a
    synthetic population whose pass rates pile up near 0 and 1, the prompts ``difficulty_targeted``
    chose again after measuring them were predicted 0.21 and had 0.39 zero-variance groups with the
@@ -181,7 +184,7 @@ class PromptSelector:
         self.options = options or SelectionOptions()
         self.seed = int(seed)
         self.group_size = group_size
-        self.stats = PromptStats()
+        self.stats = PromptStats(self.options.half_life)
         self.draws = 0  # weighted batches drawn so far: the key of the next one's random stream
         self._features = FeatureCache([p.raw for p in self._prompts])
         self._dispersion: tuple[list[tuple[str, PromptRecord]], float | None] | None = None  # (refs, rho)
@@ -211,8 +214,9 @@ class PromptSelector:
         prompt's s successes in n attempts update it to Beta(a + s, b + n - s)."""
         records = [self.stats.get(self._prompts[i].uid) for i in indices]
         measured = np.array([r is not None for r in records], dtype=bool)
-        counts = np.array([(r.successes, r.attempts) if r else (0.0, 0) for r in records], dtype=np.float64)
-        counts = counts.reshape(-1, 2)  # (successes, attempts); zeros for a prompt never sampled
+        now, half_life = self.stats.newest_step, self.options.half_life
+        own = [r.discounted(now, half_life)[::-1] if r else (0.0, 0.0) for r in records]
+        counts = np.array(own, dtype=np.float64).reshape(-1, 2)  # (successes, attempts); zeros if never sampled
         refs = self.stats.recent(self.options.references)
         if not refs or not len(indices):
             a, b = np.full(len(indices), PRIOR_A), np.full(len(indices), PRIOR_B)
@@ -328,7 +332,7 @@ class PromptSelector:
         self.epochs.load_state_dict(state)
         saved = state.get("selection") or {}
         self.draws = int(saved.get("draws", 0))
-        self.stats = PromptStats()
+        self.stats = PromptStats(self.options.half_life)
         self.stats.load_state_dict(saved.get("stats", {}), known=self._index)
         self._tally = _StepTally()
         self._dispersion = None

@@ -234,6 +234,48 @@ def test_a_measured_prompt_updates_the_prior_of_its_neighbours() -> None:
     assert left_out[0] + np.array([r.successes for r in records]) == pytest.approx(a, rel=1e-6)
 
 
+def test_a_stale_record_weighs_less_by_its_half_life() -> None:
+    """``half_life``: each of a measured prompt's groups weighs 2^(-age / half_life) in its own part
+    of the predictive, age counted to the newest group of any prompt, so a prompt chosen again and
+    again is not taken as fresh by its last group; its neighbours' part is unchanged (the references
+    keep their counts). The discounted sums round-trip through the checkpoint exactly."""
+    prompts = [Prompt(uid=f"p{i}", text="", raw=raw) for i, raw in enumerate(["12+34=", "12+35=", "97+8="])]
+
+    def measured(half_life: int) -> PromptSelector:
+        selector = PromptSelector(
+            prompts,
+            selection="difficulty_targeted",
+            options=SelectionOptions(half_life=half_life),
+            group_size=4,
+        )
+        selector.observe("p0", [1.0, 1.0, 1.0, 0.0], step=3)  # 20 steps before the newest group
+        selector.observe("p1", [0.0, 0.0, 1.0, 0.0], step=13)  # 10 before
+        selector.observe("p0", [0.0, 0.0, 0.0, 0.0], step=13)  # p0 again: its last group is 10 old
+        selector.observe("p2", [1.0, 1.0, 1.0, 1.0], step=23)
+        return selector
+
+    a0, b0, _ = measured(0).predictive([0, 1, 2])
+    selector = measured(10)
+    a, b, _ = selector.predictive([0, 1, 2])
+    # (successes, failures) as counted without and with the half-life of 10 steps:
+    full = np.array([[3.0, 5.0], [1.0, 3.0], [4.0, 0.0]])
+    weighted = np.array([[3 * 0.25, 1 * 0.25 + 4 * 0.5], [1 * 0.5, 3 * 0.5], [4.0, 0.0]])
+    assert a == pytest.approx(a0 - full[:, 0] + weighted[:, 0], rel=1e-12)
+    assert b == pytest.approx(b0 - full[:, 1] + weighted[:, 1], rel=1e-12)
+    assert selector.stats.get("p0")[:3] == (8, 3.0, 13)  # the totals stay what was measured
+    # A stale mixed record is no longer as sure a bet: its chance of a zero-variance group rose.
+    assert beta_binomial_zero_variance(a, b, 4)[1] > beta_binomial_zero_variance(a0, b0, 4)[1]
+    resumed = PromptSelector(
+        prompts, selection="difficulty_targeted", options=SelectionOptions(half_life=10), group_size=4
+    )
+    resumed.load_state_dict(json.loads(json.dumps(selector.state_dict())))
+    assert resumed.stats.newest_step == 23
+    assert resumed.stats.items() == selector.stats.items()
+    assert np.array_equal(resumed.predictive([0, 1, 2])[0], a)
+    # Without a half-life the checkpoint keeps its earlier form: three numbers a prompt.
+    assert all(len(r) == 3 for r in measured(0).state_dict()["selection"]["stats"].values())
+
+
 def test_uniform_draws_expect_as_many_zero_variance_groups_as_they_get() -> None:
     """``selection/zero_var_expected`` against ``selection/zero_var_frac`` over steps 51-150 of uniform
     draws (32 prompts of 10 000 a step, 8 completions each) on the two-mode population, where the
