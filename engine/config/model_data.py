@@ -52,7 +52,7 @@ class SelectionOptions(Section):
         "every prompt, so none starves.",
     )
     temperature: float = Field(
-        0.1,
+        0.05,
         gt=0.0,
         title="Temperature (difficulty_targeted)",
         description="tau in w = exp(-P0 / tau), P0 the predicted chance that a group's completions all succeed "
@@ -77,7 +77,7 @@ class SelectionOptions(Section):
         description="The most recently measured prompts from which a prompt never sampled gets its estimate.",
     )
     half_life: int = Field(
-        0,
+        25,
         ge=0,
         title="Half-life of a prompt's record (steps)",
         description="A measured prompt's own outcomes weigh half as much every this many steps since its last "

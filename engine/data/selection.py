@@ -83,6 +83,19 @@ zero-variance groups than uniform (0.259 against 0.347 over steps 301-600), from
 prompts it goes back to. The same on synthetic populations (``tests/engine/test_selection.py``'s
 ``bimodal_population``): uniform draws expected 0.690 and had 0.694; weighted draws' never-sampled
 picks 0.55 against 0.70.
+
+The defaults, temperature 0.05 and half-life 25 steps, come from 1,200-step DAPO runs from the
+arithmetic starter (seed 0, ``algorithm.filter_groups.round_size=deficit``, one core each, two at
+a time). At 0.1 the weights spread over 820-1,000 of the 1,024 candidates (``effective_prompts``)
+and the draws had about as many zero-variance groups as uniform ones (0.200 against 0.224 over
+steps 251-300); at 0.02 over 3-20 from step 300 on, most of a batch from a handful of prompts; at
+0.05 over ~950 at first and ~40 once most candidates were measured. Discounting a record by the age
+of its last group alone (all that totals allow) left a prompt chosen every few steps with a pooled
+record of 1/2 long after the policy had solved it: at 0.02 the draws expected 0.16 of their groups to have zero variance and had 0.64 (steps 1051-1100), and
+the run ended at 0.949 eval accuracy against uniform's 0.969; with a half-life of 25, expected
+0.31 and had 0.56, and it ended at 0.975 (0.979 at temperature 0.05), on 0.68-0.70x uniform's
+generated tokens (1.84-1.88M against 2.70M) and 0.93-0.94x its training time: the update, not the
+generation, is most of a step here.
 """
 
 from __future__ import annotations
