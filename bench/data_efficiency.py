@@ -12,12 +12,12 @@ uniform's (target: selection + replay at most 0.75x uniform's time to the same a
 
 Part 2, continual. Stage 1 trains arithmetic, stage 2 the second task (countdown by default) in
 one run (``data.stages``), without and with ``replay.previous_stages`` (a share of each stage-2
-batch drawn from stage 1's prompts). Both arms start from the *mixture* starter of the two tasks
-(``engine.models.starter.mixture_starter_policy``, what ``model.path: starter`` resolves to for
-stages on different tasks): the arithmetic-only starter scores 0 on countdown, so every stage-2
-group would be all-wrong, DAPO's filter would drop every stage-2 step, and there would be no
-stage-2 learning and no forgetting to measure. Forgetting = arithmetic accuracy at the end of stage 1 minus
-at the end of the run (target: replay halves it, while the second task's final accuracy is at
+batch drawn from stage 1's prompts). Both arms start from what ``model.path: starter`` resolves to
+for these stages (``engine.models.starter.starter_tasks``): the *mixture* starter of the two tasks
+(arithmetic's own starter already is, with countdown as its companion). A starter trained on
+arithmetic alone scores 0 on countdown, so every stage-2 group would be all-wrong, DAPO's filter
+would drop every stage-2 step, and there would be no stage-2 learning and no forgetting to measure.
+Forgetting = arithmetic accuracy at the end of stage 1 minus at the end of the run (target: replay halves it, while the second task's final accuracy is at
 least 0.9x the run without replay).
 
 Time is the sum of ``timing_s/step`` up to the eval point (training only: eval passes are not
@@ -181,17 +181,18 @@ def selection_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any
     return {"start_accuracy": start, "uniform_final_accuracy": uniform_final, "arms": arms}
 
 
-def continual_starter(second_stage: str) -> str:
-    """Build (or find cached) the starter the continual runs resolve ``model.path: starter`` to,
-    outside the RL time; a line saying what it is and its accuracy per task."""
-    from engine.models.starter import mixture_starter_policy, read_starter_info
+def continual_starter(stages: str, steps: int) -> str:
+    """Build (or find cached) the starter the continual runs (``stages``, their ``data.stages``
+    override, ``steps`` in all) resolve ``model.path: starter`` to, outside the RL time; a line saying what it is and
+    its accuracy per task."""
+    from engine.config import load_config
+    from engine.models.starter import read_starter_info, starter_for, starter_tasks
 
-    task, _, difficulty = second_stage.partition(":")
-    pairs = {("arithmetic", 1), (task, int(difficulty or 1))}
-    if len({t for t, _ in pairs}) == 1:
-        return "continual runs start from the arithmetic starter (both stages are arithmetic)"
+    pairs = starter_tasks(load_config("dapo", [stages, f"trainer.total_steps={steps}"]).data)
     t0 = time.perf_counter()
-    info = read_starter_info(mixture_starter_policy(sorted(pairs)))
+    info = read_starter_info(starter_for(pairs))
+    if "tasks" not in info:
+        return f"continual runs start from the {info['task']} starter, ready in {time.perf_counter() - t0:.1f} s"
     per_task = ", ".join(
         f"{t['task']}-d{t['difficulty']} {t['eval_accuracy']:.3f} (target {t['target_accuracy']})"
         for t in info["tasks"]
@@ -202,13 +203,19 @@ def continual_starter(second_stage: str) -> str:
     )
 
 
-def continual_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any]:
+def continual_stages(args: argparse.Namespace) -> tuple[str, str]:
+    """The second stage's name and the ``data.stages`` override of the continual runs."""
     task, _, difficulty = args.second_stage.partition(":")
     second = task if task != "arithmetic" else f"arithmetic-d{difficulty or 1}"
     stages = (
         f"data.stages=[{{name: arithmetic, steps: {args.stage_steps}, task: arithmetic, difficulty: 1}}, "
         f"{{name: {second}, steps: {args.stage_steps}, task: {task}, difficulty: {difficulty or 1}}}]"
     )
+    return second, stages
+
+
+def continual_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any]:
+    second, stages = continual_stages(args)
     arms: dict[str, dict[str, Any]] = {}
     for name, share in (("without replay", 0.0), ("replay.previous_stages", args.previous_stages)):
         print(f"  running continual {name} (2 x {args.stage_steps} steps) ...", flush=True)
@@ -310,7 +317,7 @@ def main() -> None:
     build_s = build_starter("arithmetic", 1)
     print(f"starter policy ready in {build_s:.1f} s (cached after the first build); seed {args.seed}")
     if args.part in ("continual", "both"):
-        print(continual_starter(args.second_stage), flush=True)
+        print(continual_starter(continual_stages(args)[1], 2 * args.stage_steps), flush=True)
     common = [f"trainer.seed={args.seed}", f"data.eval_size={args.eval_size}", "trainer.eval_pass_k=0"]
     t0 = time.perf_counter()
     figures: dict[str, Any] = {

@@ -27,7 +27,7 @@ from engine.data.stages import StagedRewards, StagedSelector, combined_splits, l
 from engine.events import EventHeartbeat
 from engine.log_bridge import LogBridge
 from engine.models import load_model, load_tokenizer, resolve_model_path
-from engine.models.starter import recipe_for, starter_location, starter_tasks
+from engine.models.starter import recipe_for, starter_for, starter_location, starter_tasks
 from engine.phases import Phases, data_words, model_files
 from engine.pipeline.async_loop import AsyncOrchestrator
 from engine.pipeline.learner import Learner, needs_reference
@@ -288,12 +288,13 @@ def _model_path(cfg: RunConfig, phase: Phases) -> Path:
     """The run's model directory; a starter policy built on first use says how far its build is."""
     if cfg.model.path != "starter" or cfg.data.source != "builtin":
         return resolve_model_path(cfg.model, cfg.data)
-    pairs = starter_tasks(cfg.data)  # several: the mixture starter of the stages' tasks
-    if (starter_location(pairs) / "starter.json").is_file():
-        return resolve_model_path(cfg.model, cfg.data)
+    pairs = starter_tasks(cfg.data)  # several: a mixture starter (companions, or the stages' tasks)
+    built = starter_location(pairs)
+    if (built / "starter.json").is_file():
+        return built
     target = min(recipe_for(task).target_accuracy for task, _ in pairs)  # the build reports its lowest task
     report = phase.starter(" + ".join(task for task, _ in pairs), max(d for _, d in pairs), target)
-    return resolve_model_path(cfg.model, cfg.data, progress=report)
+    return starter_for(pairs, progress=report)
 
 
 def build_rollout_backend(

@@ -42,14 +42,14 @@ class PromptRecord(NamedTuple):
     attempts: int
     successes: float
     last_step: int
-    recent: tuple[float, float] | None = None  # discounted (attempts, successes); None: no half-life
+    decayed: tuple[float, float] | None = None  # discounted (attempts, successes); None: no half-life
 
     def discounted(self, now: int, half_life: int) -> tuple[float, float]:
         """(attempts, successes) with every group weighted 2^(-age / half_life) at step ``now``; the
         totals when ``half_life`` is 0."""
         if not half_life:
             return float(self.attempts), self.successes
-        attempts, successes = self.recent if self.recent is not None else (self.attempts, self.successes)
+        attempts, successes = self.decayed if self.decayed is not None else (self.attempts, self.successes)
         weight = 2.0 ** (-max(0, now - self.last_step) / half_life)
         return attempts * weight, successes * weight
 
@@ -110,15 +110,15 @@ class PromptStats:
         """Add one scored group of ``uid`` (success values in [0, 1]) seen at ``step``; moves it to the end."""
         old = self._records.pop(uid, None)
         last_step = max(step, old.last_step if old else step)
-        recent = None
+        decayed = None
         if self.half_life:
             before = old.discounted(last_step, self.half_life) if old else (0.0, 0.0)
-            recent = (before[0] + len(values), before[1] + float(sum(values)))
+            decayed = (before[0] + len(values), before[1] + float(sum(values)))
         new = PromptRecord(
             attempts=(old.attempts if old else 0) + len(values),
             successes=(old.successes if old else 0.0) + float(sum(values)),
             last_step=last_step,
-            recent=recent,
+            decayed=decayed,
         )
         self._records[uid] = new
         self.newest_step = max(self.newest_step, new.last_step)
@@ -136,7 +136,7 @@ class PromptStats:
         """``{uid: (attempts, successes, last_step[, (attempts, successes) discounted])}`` in measurement
         order (JSON keeps it): a copy that shares the immutable records, cheap enough to take before every
         batch (the asynchronous loop does)."""
-        return {uid: r if r.recent is not None else r[:3] for uid, r in self._records.items()}
+        return {uid: r if r.decayed is not None else r[:3] for uid, r in self._records.items()}
 
     def load_state_dict(
         self, state: Mapping[str, Sequence[float]], known: Iterable[str] | None = None
@@ -150,7 +150,7 @@ class PromptStats:
                     f"the checkpoint's prompt statistics name prompt {uid!r}, which is not among this run's "
                     "training prompts; resume with the same data config"
                 )
-            recent = (float(rest[0][0]), float(rest[0][1])) if rest and rest[0] is not None else None
-            records[uid] = PromptRecord(int(attempts), float(successes), int(last_step), recent)
+            decayed = (float(rest[0][0]), float(rest[0][1])) if rest and rest[0] is not None else None
+            records[uid] = PromptRecord(int(attempts), float(successes), int(last_step), decayed)
         self._records = records
         self.newest_step = max((r.last_step for r in records.values()), default=0)

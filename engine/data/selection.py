@@ -47,7 +47,8 @@ How a weighted batch of k prompts is drawn:
    Beta(a + s', b + n' - s') (its own record left out of the neighbours), where s' and n' count each
    of its groups with weight 2^(-age / h), age in steps to the newest group of any prompt and h =
    ``data.selection_options.half_life`` (s' = s, n' = n when h is 0): the policy has moved since, so
-   an old 4 of 8 is weaker evidence of a pass rate near 1/2 now than a fresh one. That prior, not the uniform
+   an old 4 of 8 is weaker evidence of a pass rate near 1/2 now than a fresh one. That prior, not
+   the uniform
    Beta(1, 1) of ``engine/data/prompt_stats.py``, is what keeps measured prompts calibrated: on a
    synthetic population whose pass rates pile up near 0 and 1, the prompts ``difficulty_targeted``
    chose again after measuring them were predicted 0.21 and had 0.39 zero-variance groups with the
@@ -91,8 +92,9 @@ and the draws had about as many zero-variance groups as uniform ones (0.200 agai
 steps 251-300); at 0.02 over 3-20 from step 300 on, most of a batch from a handful of prompts; at
 0.05 over ~950 at first and ~40 once most candidates were measured. Discounting a record by the age
 of its last group alone (all that totals allow) left a prompt chosen every few steps with a pooled
-record of 1/2 long after the policy had solved it: at 0.02 the draws expected 0.16 of their groups to have zero variance and had 0.64 (steps 1051-1100), and
-the run ended at 0.949 eval accuracy against uniform's 0.969; with a half-life of 25, expected
+record of 1/2 long after the policy had solved it: at 0.02 the draws expected 0.16 of their groups
+to have zero variance and had 0.64 (steps 1051-1100), and the run ended at 0.949 eval accuracy
+against uniform's 0.969; with a half-life of 25, expected
 0.31 and had 0.56, and it ended at 0.975 (0.979 at temperature 0.05), on 0.68-0.70x uniform's
 generated tokens (1.84-1.88M against 2.70M) and 0.93-0.94x its training time: the update, not the
 generation, is most of a step here.

@@ -296,26 +296,18 @@ def starter_policy(task: str, difficulty: int = 1, *, progress: ProgressFn | Non
 
 
 def starter_for(tasks: Sequence[Pair], *, progress: ProgressFn | None = None) -> Path:
-    """The directory of the starter trained on ``tasks`` (one pair: a single-task starter; several: the
-    mixture starter), built on first use."""
+    """The directory of the starter trained on ``tasks`` (``starter_location``: one pair, a single-task
+    starter; several, the mixture starter, whose ``progress`` reports the lowest task's validation
+    accuracy), built on first use."""
     pairs = sorted(set(tasks))
-    if len(pairs) > 1:
-        return mixture_starter_policy(pairs, progress=progress)
-    task, difficulty = pairs[0]
-    return _cached_build(
-        _single_path(task, difficulty),
-        lambda tmp: build_starter(tmp, task, difficulty, recipe=recipe_for(task), progress=progress),
-    )
 
+    def build(tmp: Path) -> Any:
+        if len(pairs) > 1:
+            return build_mixture_starter(tmp, pairs, progress=progress)
+        task, difficulty = pairs[0]
+        return build_starter(tmp, task, difficulty, recipe=recipe_for(task), progress=progress)
 
-def mixture_starter_policy(tasks: Sequence[Pair], *, progress: ProgressFn | None = None) -> Path:
-    """The directory of the mixture starter of several (task, difficulty) pairs, built on first use
-    (as ``starter_policy``; ``progress`` reports the lowest task's validation accuracy)."""
-    pairs = _pairs(tasks)
-    return _cached_build(
-        mixture_starter_path(pairs),
-        lambda tmp: build_mixture_starter(tmp, pairs, progress=progress),
-    )
+    return _cached_build(starter_location(pairs), build)
 
 
 def _cached_build(final: Path, build: Callable[[Path], Any]) -> Path:

@@ -2,8 +2,9 @@
 
 A single-task starter scores 0 on the other task, so DAPO's filter drops every group of that
 stage (issue 16's continual benchmark learnt nothing in stage 2). A task's companions join its
-starter too (arithmetic's: countdown). These tests pin which pairs a run's ``'starter'`` is trained on, that the single-task starter keeps its path and hash, the
-mixture's cache key, and (with a tiny recipe) that a build trains on both tasks and records each.
+starter too (arithmetic's: countdown). These tests pin which pairs a run's ``'starter'`` is
+trained on, that the single-task starter keeps its path and hash, the mixture's cache key, and
+(with a tiny recipe) that a build trains on both tasks and records each.
 """
 
 from __future__ import annotations
