@@ -18,7 +18,7 @@ from engine.run import execute
 
 STEPS = 100
 # Measured gains at step 100 over the 0.494 starter (the arithmetic + countdown mixture, eval on 512
-# held-out sums, one thread): +0.236 and +0.225 with trainer.seed 0 and 1. From starters of other
+# held-out sums, one thread, on an AVX-512 machine): +0.236 and +0.225 with trainer.seed 0 and 1. From starters of other
 # seeds (which change the SFT trajectory as another machine's float paths do) DAPO gained +0.24,
 # +0.35 and +0.29 by step 150 (bench/README.md, the learning ceiling). A policy that does not learn
 # moves a 512-prompt eval by ~0.03 (two evals' standard error at p ~ 0.5), so ten points is more than
