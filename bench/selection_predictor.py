@@ -19,6 +19,14 @@ decile; the point estimate ignores how uncertain p is and sits far below it.
 
     python bench/selection_predictor.py                    # 800 prompts, 8 completions each
     python bench/selection_predictor.py --prompts 400 --n 4
+
+``--draw-cost`` measures instead what a draw costs (no model): the DAPO preset's 50,000 arithmetic
+prompts, ``--steps`` simulated steps of rounds as ``round_size=deficit`` draws them (outcomes from a
+fixed pass rate per prompt, Beta(0.6, 0.4)), then ``next_batch(32)`` timed from that state again and
+again (the same candidates and references), with the references changed since the last draw (a fit
+of rho: every round of a run) and unchanged.
+
+    taskset -c 0 python bench/selection_predictor.py --draw-cost
 """
 
 from __future__ import annotations
@@ -111,12 +119,58 @@ def calibration(prompts: list, rates: np.ndarray, n: int, splits: int) -> None:
     )
 
 
+def draw_cost(steps: int, repeats: int = 60) -> None:
+    """Milliseconds of ``next_batch(32)`` per selection from a simulated state (module docstring)."""
+    from engine.config import load_config
+
+    cfg = load_config("dapo")
+    prompts = load_prompts(cfg.data, None).train
+    rates = np.random.default_rng(123).beta(0.6, 0.4, len(prompts))
+    index = {p.uid: i for i, p in enumerate(prompts)}
+    for selection in ("difficulty_targeted", "uniform"):
+        cfg = load_config("dapo", [f"data.selection={selection}"])
+        selector = PromptSelector.from_config(cfg, prompts)
+        rng = np.random.default_rng(7)
+        t0 = time.perf_counter()
+        for step in range(1, steps + 1):
+            kept = generated = 0
+            while kept < 32 and generated < 8 * 32:  # DAPO's rounds, sized as round_size=deficit sizes them
+                want = 32 if not generated else min(32, -(-(32 - kept) // max(0.1, kept / generated)))
+                for p in selector.next_batch(int(want)):
+                    values = (rng.random(8) < rates[index[p.uid]]).astype(float).tolist()
+                    selector.observe(p.uid, values, step)
+                    generated, kept = generated + 1, kept + (min(values) != max(values))
+            selector.metrics()
+        simulated = time.perf_counter() - t0
+        state = selector.state_dict()
+        cells = []
+        for label, change in (("references changed (a fit)", True), ("unchanged", False)):
+            times = []
+            for _ in range(repeats):
+                selector.draws = state["selection"]["draws"]
+                selector.epochs.epoch, selector.epochs.position = state["epoch"], state["position"]
+                if change:
+                    selector.stats.revision += 1  # as a recorded group does
+                t = time.perf_counter()
+                selector.next_batch(32)
+                times.append(time.perf_counter() - t)
+            ms = np.array(times[5:]) * 1e3
+            cells.append(f"{label}: median {np.median(ms):.2f} ms (min {ms.min():.2f})")
+        print(f"{selection}, {len(selector.stats)} prompts measured in {steps} steps ({simulated:.1f} s): "
+              f"next_batch(32) with the " + "; ".join(cells))  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=800)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--splits", type=int, default=20, help="random halves for the calibration report")
+    ap.add_argument("--draw-cost", action="store_true", help="time a draw instead (no model; module docstring)")
+    ap.add_argument("--steps", type=int, default=300, help="--draw-cost: simulated steps before the timing")
     args = ap.parse_args()
+    if args.draw_cost:
+        draw_cost(args.steps)
+        return
     t0 = time.perf_counter()
     prompts, rates = measure(args.prompts, args.n)
     n, half = args.n, args.prompts // 2

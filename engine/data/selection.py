@@ -60,6 +60,17 @@ How a weighted batch of k prompts is drawn:
    Beams and Where to Find Them", ICML), with its own random stream seeded by (trainer.seed, the
    number of batches drawn so far): a resumed run draws what an uninterrupted one would.
 
+What a draw costs: one predictive, for the explored prompts and the candidates together, whose
+references (their features, records and rho) are built once per change of the statistics, i.e.
+once a round, since every round records its groups; the candidates' own records are one gather
+from arrays by position (``engine/data/prompt_stats.py``). ``next_batch(32)`` on the state of a
+300-step simulation of the 50,000 arithmetic prompts (one core, medians): 5.1 ms when the
+references changed since the last draw (as in a run: a fit of rho) and 2.2 ms when not, where two
+predictives reading records by uid, P0 computed three times and rho fitted by bisection took 13.7
+and 4.8; most of the rest is the candidates x references kernel. Uniform draws (their metrics ask
+for the chosen prompts' predictive) 3.0 ms with a fit, 7.8 before. ``bench/selection_predictor.py
+--draw-cost`` times it on its own simulation (4.8 and 2.2 ms; uniform 1.4).
+
 Metrics (``selection/*``, per step): ``p_est_mean`` (mean predictive mean pass rate of the chosen
 prompts), ``measured_frac`` (the share of them with statistics of their own, the rest predicted),
 ``zero_var_frac`` (of the groups scored this step, the share whose completions all succeeded or
@@ -164,13 +175,27 @@ def explore_count(k: int, explore: float) -> int:
 class _StepTally:
     """What the step's draws and observations add up to, for its ``selection/*`` metrics."""
 
-    chosen_p: list[float] = field(default_factory=list)
-    chosen_zero_var: list[float] = field(default_factory=list)  # predicted P(zero-variance group)
-    chosen_measured: list[bool] = field(default_factory=list)
-    pool_zero_var: list[float] = field(default_factory=list)  # weighted draws: expected, per candidate
+    chosen: int = 0
+    chosen_p: float = 0.0  # sums over the chosen prompts: predictive mean,
+    chosen_zero_var: float = 0.0  # predicted P(zero-variance group),
+    chosen_measured: int = 0  # and those measured
+    pool: int = 0
+    pool_zero_var: float = 0.0  # weighted draws: expected, summed over the candidates
     effective: list[float] = field(default_factory=list)
     groups: int = 0
     zero_var_groups: int = 0
+
+
+@dataclass
+class _References:
+    """The reference set of one revision of the statistics and what every predictive takes from it
+    (computed once per revision, however many predictives a revision serves)."""
+
+    revision: int
+    positions: np.ndarray  # of the references among the prompts, least recently measured first
+    features: np.ndarray
+    records: list[PromptRecord]
+    rho: float | None
 
 
 class PromptSelector:
@@ -199,10 +224,12 @@ class PromptSelector:
         self.options = options or SelectionOptions()
         self.seed = int(seed)
         self.group_size = group_size
-        self.stats = PromptStats(self.options.half_life)
+        self.stats = PromptStats(self.options.half_life, self._index)
         self.draws = 0  # weighted batches drawn so far: the key of the next one's random stream
         self._features = FeatureCache([p.raw for p in self._prompts])
-        self._dispersion: tuple[list[tuple[str, PromptRecord]], float | None] | None = None  # (refs, rho)
+        self._refs: _References | None = None
+        # A prompt's position among the current references (-1: not one), for leaving its own record out.
+        self._slot = np.full(len(self._prompts), -1, dtype=np.int64)
         self._tally = _StepTally()
 
     @classmethod
@@ -227,25 +254,19 @@ class PromptSelector:
         measured itself. Every prompt starts from the calibrated kernel predictive of its neighbours
         among the references (``engine/data/similarity.py``; its own record left out); a measured
         prompt's s successes in n attempts update it to Beta(a + s, b + n - s)."""
-        records = [self.stats.get(self._prompts[i].uid) for i in indices]
-        measured = np.array([r is not None for r in records], dtype=bool)
-        now, half_life = self.stats.newest_step, self.options.half_life
-        own = [r.discounted(now, half_life)[::-1] if r else (0.0, 0.0) for r in records]
-        counts = np.array(own, dtype=np.float64).reshape(-1, 2)  # (successes, attempts); zeros if never sampled
-        refs = self.stats.recent(self.options.references)
-        if not refs or not len(indices):
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        counts, measured = self.stats.own(indices)  # (successes, attempts), zeros if never sampled
+        refs = self._references()
+        if refs is None or not len(indices):
             a, b = np.full(len(indices), PRIOR_A), np.full(len(indices), PRIOR_B)
         else:
-            position = {uid: j for j, (uid, _) in enumerate(refs)}
-            features = self._features.matrix([self._index[uid] for uid, _ in refs])
-            references = [r for _, r in refs]
             a, b = kernel_predictive(
                 self._features.matrix(indices),
-                features,
-                references,
+                refs.features,
+                refs.records,
                 self.options.bandwidth,
-                self._reference_dispersion(refs, features, references),
-                own=np.array([position.get(self._prompts[i].uid, -1) for i in indices], dtype=np.int64),
+                refs.rho,
+                own=self._slot[indices],
             )
         return a + counts[:, 0], b + counts[:, 1] - counts[:, 0], measured
 
@@ -254,16 +275,26 @@ class PromptSelector:
         a, b, measured = self.predictive(indices)
         return a / (a + b), measured
 
-    def _reference_dispersion(
-        self, refs: list[tuple[str, PromptRecord]], features: np.ndarray, records: list[PromptRecord]
-    ) -> float | None:
-        """rho of the current references (``engine/data/similarity.py``), fitted again only when they
-        changed: a draw asks for the explored prompts' predictive and the pool's with the same ones. A
-        function of the references alone, so a resumed run fits what an uninterrupted one did."""
-        if self._dispersion is None or self._dispersion[0] != refs:
-            rho = reference_dispersion(features, records, self.options.bandwidth)
-            self._dispersion = (refs, rho)
-        return self._dispersion[1]
+    def _references(self) -> _References | None:
+        """The current references (the ``data.selection_options.references`` prompts measured most
+        recently) with their features and rho (``engine/data/similarity.py``), built again only when
+        the statistics changed. A function of the statistics alone, so a resumed run fits what an
+        uninterrupted one did."""
+        if self._refs is not None and self._refs.revision == self.stats.revision:
+            return self._refs
+        if self._refs is not None:
+            self._slot[self._refs.positions] = -1
+        recent = self.stats.recent(self.options.references)
+        if not recent:
+            self._refs = None
+            return None
+        positions = np.array([self._index[uid] for uid, _ in recent], dtype=np.int64)
+        features = self._features.matrix(positions)
+        records = [r for _, r in recent]
+        rho = reference_dispersion(features, records, self.options.bandwidth)
+        self._slot[positions] = np.arange(len(positions))
+        self._refs = _References(self.stats.revision, positions, features, records, rho)
+        return self._refs
 
     # -- drawing --------------------------------------------------------------------------------
 
@@ -271,39 +302,63 @@ class PromptSelector:
         """The next ``k`` prompts (see the module docstring for how the weighted selections draw)."""
         if self.selection == "uniform":
             batch = self.epochs.next_batch(k)
-            self._note_chosen(*self.predictive([self._index[p.uid] for p in batch]))
+            a, b, measured = self.predictive([self._index[p.uid] for p in batch])
+            self._note_chosen(a, b, measured, beta_binomial_zero_variance(a, b, self.group_size))
             return batch
         explored = [
             self._index[p.uid] for p in self.epochs.next_batch(explore_count(k, self.options.explore))
         ]
-        self._note_chosen(*self.predictive(explored))
-        weighted = self._weighted(k - len(explored), set(explored)) if k > len(explored) else []
-        return [self._prompts[i] for i in explored + weighted]
+        pool, rng = self._pool(k - len(explored), set(explored)) if k > len(explored) else ([], None)
+        # One predictive for both: the explored prompts' (for the metrics) and the candidates'.
+        a, b, measured = self.predictive(explored + pool)
+        zero_var = beta_binomial_zero_variance(a, b, self.group_size)
+        m = len(explored)
+        self._note_chosen(a[:m], b[:m], measured[:m], zero_var[:m])
+        if rng is None:
+            return [self._prompts[i] for i in explored]
+        picked = self._weighted(k - m, a[m:], b[m:], measured[m:], zero_var[m:], rng)
+        return [self._prompts[i] for i in explored + [pool[j] for j in picked]]
 
-    def _weighted(self, want: int, exclude: set[int]) -> list[int]:
+    def _pool(self, want: int, exclude: set[int]) -> tuple[list[int], np.random.Generator]:
+        """The candidates of a weighted draw of ``want`` prompts, and the draw's random stream."""
         n = len(self._prompts)
         rng = np.random.default_rng([self.seed, self.draws, _STREAM])
         self.draws += 1
         size = max(self.options.pool, want)
-        drawn = rng.choice(n, size=min(n, size + len(exclude)), replace=False)
-        pool = [int(i) for i in drawn if int(i) not in exclude][:size]
-        if len(pool) < want:  # fewer prompts than the batch needs: the explored ones may repeat
-            pool = [int(i) for i in drawn]
-        a, b, measured = self.predictive(pool)
-        logw = log_weights(a, b, self.selection, self.options, self.group_size)
-        self._tally.pool_zero_var.extend(beta_binomial_zero_variance(a, b, self.group_size).tolist())
-        self._tally.effective.append(effective_number(selection_probabilities(logw)))
-        picked: list[int] = []  # positions in the pool
-        while len(picked) < want:  # one pass unless the batch is larger than the pool
-            keys = logw + rng.gumbel(size=len(pool))
-            picked.extend(int(j) for j in np.argsort(-keys, kind="stable")[: want - len(picked)])
-        self._note_chosen(a[picked], b[picked], measured[picked])
-        return [pool[j] for j in picked]
+        drawn = rng.choice(n, size=min(n, size + len(exclude)), replace=False).tolist()
+        pool = [i for i in drawn if i not in exclude][:size]
+        return (pool if len(pool) >= want else drawn), rng  # too few prompts: the explored ones may repeat
 
-    def _note_chosen(self, a: np.ndarray, b: np.ndarray, measured: np.ndarray) -> None:
-        self._tally.chosen_p.extend((a / (a + b)).tolist())
-        self._tally.chosen_zero_var.extend(beta_binomial_zero_variance(a, b, self.group_size).tolist())
-        self._tally.chosen_measured.extend(measured.tolist())
+    def _weighted(
+        self,
+        want: int,
+        a: np.ndarray,
+        b: np.ndarray,
+        measured: np.ndarray,
+        zero_var: np.ndarray,
+        rng: np.random.Generator,
+    ) -> list[int]:
+        """Positions in the pool of ``want`` candidates drawn by their weights (Gumbel-top-k)."""
+        if self.selection == "difficulty_targeted":
+            logw = -zero_var / self.options.temperature  # log_weights', without computing P0 again
+        else:
+            logw = log_weights(a, b, self.selection, self.options, self.group_size)
+        self._tally.pool += len(a)
+        self._tally.pool_zero_var += float(zero_var.sum())
+        self._tally.effective.append(effective_number(selection_probabilities(logw)))
+        picked: list[int] = []
+        while len(picked) < want:  # one pass unless the batch is larger than the pool
+            keys = logw + rng.gumbel(size=len(a))
+            picked.extend(np.argsort(-keys, kind="stable")[: want - len(picked)].tolist())
+        self._note_chosen(a[picked], b[picked], measured[picked], zero_var[picked])
+        return picked
+
+    def _note_chosen(self, a: np.ndarray, b: np.ndarray, measured: np.ndarray, zero_var: np.ndarray) -> None:
+        t = self._tally
+        t.chosen += len(a)
+        t.chosen_p += float((a / (a + b)).sum())
+        t.chosen_zero_var += float(zero_var.sum())
+        t.chosen_measured += int(measured.sum())
 
     # -- statistics and metrics -----------------------------------------------------------------
 
@@ -319,14 +374,13 @@ class PromptSelector:
         """The ``selection/*`` metrics of the draws and observations since the last call; resets them."""
         t, self._tally = self._tally, _StepTally()
         out: dict[str, float] = {"selection/prompts_seen": float(len(self.stats))}
-        if t.chosen_p:
-            p = np.array(t.chosen_p)
-            out["selection/p_est_mean"] = float(p.mean())
-            out["selection/measured_frac"] = float(np.mean(t.chosen_measured))
-            expected = float(np.mean(t.chosen_zero_var))
+        if t.chosen:
+            out["selection/p_est_mean"] = t.chosen_p / t.chosen
+            out["selection/measured_frac"] = t.chosen_measured / t.chosen
+            expected = t.chosen_zero_var / t.chosen
             out["selection/zero_var_expected"] = expected
-            if t.pool_zero_var:
-                uniform = float(np.mean(t.pool_zero_var))
+            if t.pool:
+                uniform = t.pool_zero_var / t.pool
                 out["selection/zero_var_expected_uniform"] = uniform
                 out["selection/zero_var_avoided"] = uniform - expected
                 out["selection/effective_prompts"] = float(np.mean(t.effective))
@@ -347,7 +401,9 @@ class PromptSelector:
         self.epochs.load_state_dict(state)
         saved = state.get("selection") or {}
         self.draws = int(saved.get("draws", 0))
-        self.stats = PromptStats(self.options.half_life)
+        self.stats = PromptStats(self.options.half_life, self._index)
         self.stats.load_state_dict(saved.get("stats", {}), known=self._index)
         self._tally = _StepTally()
-        self._dispersion = None
+        if self._refs is not None:
+            self._slot[self._refs.positions] = -1
+        self._refs = None

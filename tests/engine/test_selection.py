@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import engine.run
 from engine.config import ConfigError, SelectionOptions, build_config, load_config
 from engine.contracts import EXIT_SUCCEEDED
-from engine.data import Prompt, PromptSampler, PromptSelector
+from engine.data import Prompt, PromptSampler, PromptSelector, similarity
 from engine.data.prompt_stats import PromptRecord, PromptStats, success_values
 from engine.data.selection import (
     effective_number,
@@ -33,7 +33,9 @@ from engine.data.selection import (
 )
 from engine.data.similarity import (
     DIM,
+    RHO_TOLERANCE,
     beta_binomial_zero_variance,
+    increasing_root,
     kernel_pool,
     kernel_predictive,
     ngram_features,
@@ -127,9 +129,13 @@ def test_the_beta_binomial_chance_of_a_zero_variance_group() -> None:
     a, b, n = (np.array(c, dtype=float) for c in zip(*cases))
     got = beta_binomial_zero_variance(a, b, n.astype(int))  # one n per element
     assert got.tolist() == pytest.approx([exact_zero_variance(*c) for c in cases], rel=1e-10)
-    # The same cases without the long one: summed factors instead of log-gammas, the same figures.
-    assert beta_binomial_zero_variance(a[:-1], b[:-1], n[:-1].astype(int)).tolist() == pytest.approx(
-        got[:-1].tolist(), rel=1e-12
+    # Log-gammas for every element instead of products of factors up to 64: the same figures.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(similarity, "SUMMED_FACTORS", 0)
+        assert beta_binomial_zero_variance(a, b, n.astype(int)).tolist() == pytest.approx(got.tolist(), rel=1e-12)
+    # One count for all: the elements with more than 64 factors and those with fewer in one call.
+    assert beta_binomial_zero_variance(a, b, 70).tolist() == pytest.approx(
+        [exact_zero_variance(x, y, 70) for x, y in zip(a, b)], rel=1e-10
     )
     # Under the uniform prior every count of successes has chance 1 / (n + 1): two of them, 2 / 9.
     assert beta_binomial_zero_variance(1.0, 1.0, 8) == pytest.approx(2 / 9, rel=1e-14)
@@ -276,6 +282,66 @@ def test_a_stale_record_weighs_less_by_its_half_life() -> None:
     assert all(len(r) == 3 for r in measured(0).state_dict()["selection"]["stats"].values())
 
 
+def test_the_arrays_by_position_hold_what_the_records_say() -> None:
+    """``PromptStats.own`` (one gather for a draw's candidates) against ``PromptRecord.discounted`` of
+    each record at the newest step, with and without a half-life, after records and after a
+    checkpoint loaded over a table that held others. rel 1e-14: the same product, the weight from
+    numpy's power instead of Python's (a few ulps at most)."""
+    uids = [f"p{i}" for i in range(6)]
+    positions = {u: i for i, u in enumerate(uids)}
+    rng = np.random.default_rng(0)
+    for half_life in (0, 7):
+        stats = PromptStats(half_life, positions)
+        for step in range(1, 40):
+            uid = uids[int(rng.integers(5))]  # p5 is never measured
+            stats.record(uid, (rng.random(4) < 0.5).astype(float).tolist(), step + int(rng.integers(3)))
+        rows = []
+        for uid in uids:
+            r = stats.get(uid)
+            attempts, successes = r.discounted(stats.newest_step, half_life) if r else (0.0, 0.0)
+            rows.append((successes, attempts))
+        got, measured = stats.own(np.arange(6))
+        assert got.ravel().tolist() == pytest.approx(np.ravel(rows).tolist(), rel=1e-14) and rows[5] == (0.0, 0.0)
+        assert measured.tolist() == [uid in stats for uid in uids] == [True] * 5 + [False]
+        loaded = PromptStats(half_life, positions)
+        loaded.record("p5", [1.0], 99)  # gone after the load, arrays included
+        loaded.load_state_dict(json.loads(json.dumps(stats.state_dict())))
+        again, measured_again = loaded.own(np.arange(6))
+        assert np.array_equal(again, got) and measured_again.tolist() == measured.tolist()
+
+
+def test_the_references_are_fitted_once_per_change_of_the_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The references' features and rho are computed again when (and only when) a group is recorded;
+    the predictive then equals that of a selector restored from the same state, which builds them from
+    scratch: every prompt's own record is left out of the references that hold it, and only of those."""
+    prompts, rates = bimodal_population(2, clusters=10, per_cluster=40)
+    fits = []
+    monkeypatch.setattr(
+        engine.data.selection, "reference_dispersion", lambda *args: fits.append(1) or reference_dispersion(*args)
+    )
+    options = SelectionOptions(references=64, pool=100)
+    selector = PromptSelector(prompts, selection="difficulty_targeted", options=options, group_size=8)
+    rng = np.random.default_rng(4)
+    everything = list(range(len(prompts)))
+    for step in range(1, 8):
+        for k in (32, 8):  # two rounds a step, as dynamic sampling draws
+            before = len(fits)
+            batch = selector.next_batch(k)
+            selector.predictive(everything)
+            selector.estimates(everything[:5])
+            assert len(fits) == before + (step > 1 or k == 8)  # one fit a round, none before the first group
+            for p in batch:
+                i = int(p.uid.split("-")[0]) * 40 + int(p.uid.split("-")[1])
+                selector.observe(p.uid, (rng.random(8) < rates[i]).astype(float).tolist(), step)
+        restored = PromptSelector(prompts, selection="difficulty_targeted", options=options, group_size=8)
+        restored.load_state_dict(selector.state_dict())
+        fitted = len(fits)
+        for x, y in zip(selector.predictive(everything), restored.predictive(everything)):
+            assert np.array_equal(x, y), step
+        assert len(fits) == fitted + 2  # the selector's fit for the groups just recorded, and the restored one's
+        selector.observe(batch[0].uid, [0.0], step)  # so the next step's first round has a change to fit
+
+
 def test_uniform_draws_expect_as_many_zero_variance_groups_as_they_get() -> None:
     """``selection/zero_var_expected`` against ``selection/zero_var_frac`` over steps 51-150 of uniform
     draws (32 prompts of 10 000 a step, 8 completions each) on the two-mode population, where the
@@ -299,6 +365,47 @@ def test_uniform_draws_expect_as_many_zero_variance_groups_as_they_get() -> None
     frequency = np.mean([m["selection/zero_var_frac"] for m in late])
     assert 0.6 < frequency < 0.8
     assert expected == pytest.approx(frequency, abs=0.06)
+
+
+def test_the_root_of_the_fit_is_bracketed_to_its_tolerance_in_few_evaluations() -> None:
+    """``increasing_root`` returns the middle of a bracket no wider than ``tol`` around the root: within
+    tol / 2 of it. Smooth functions take a few evaluations where bisection takes 20 (the point of
+    it: each is a sum over the references); a step, where false position gains nothing, at most four
+    per halving; a root at an end closes the bracket at the next point."""
+    cases = [
+        (lambda x: x**3 + 0.2 * x - 0.05, 9),  # smooth: superlinear (7 here), bisection 20
+        (lambda x: math.expm1(8 * x) - 3.0, 10),  # steep and curved (9): one end would stay
+        (lambda x: -1.0 if x < 0.123456 else 1.0, 80),  # a step (23): at most 4 points per halving
+        (lambda x: x - 1e-9, 1),  # the root within tol / 2 of an end: the first point closes it
+    ]
+    for g, most in cases:
+        calls: list[float] = []
+
+        def counted(x: float, g=g, calls=calls) -> float:
+            calls.append(x)
+            return g(x)
+
+        x = increasing_root(counted, 0.0, RHO_TOLERANCE * 2**20, g(0.0), g(RHO_TOLERANCE * 2**20), RHO_TOLERANCE)
+        below = max([c for c in calls if g(c) < 0], default=0.0)
+        above = min([c for c in calls if g(c) >= 0], default=RHO_TOLERANCE * 2**20)
+        assert below <= x <= above and above - below <= RHO_TOLERANCE, (below, x, above)
+        assert len(calls) <= most, len(calls)
+    # The fit on a population where it matters: to 1e-6 as bisection would be, in under 12 evaluations.
+    prompts, rates = bimodal_population(1)
+    rng = np.random.default_rng(3)
+    records = [PromptRecord(8, float((rng.random(8) < p).sum()), 1) for p in rates[:256]]
+    features = ngram_matrix([p.raw for p in prompts[:256]])
+    rho = reference_dispersion(features, records, 0.1)
+    assert rho is not None and 0.0 < rho < similarity.RHO_MAX
+    evals: list[float] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            similarity,
+            "increasing_root",
+            lambda g, *args: increasing_root(lambda x: evals.append(x) or g(x), *args),
+        )
+        assert reference_dispersion(features, records, 0.1) == rho
+    assert len(evals) < 12
 
 
 def test_the_dispersion_needs_two_measured_references() -> None:
