@@ -1,7 +1,8 @@
 """Ingest throughput and live latency through the whole product path, against psycopg COPY.
 
 Throughput: an engine event log of ``--steps`` metrics events with ``--metrics`` values each
-is shipped by the worker's real ``EventShipper`` over the ingest socket of a real uvicorn
+is shipped by the worker's real ``EventShipper`` (two batches out while the log holds a
+backlog; ``--window 1``: the stop-and-wait of before) over the ingest socket of a real uvicorn
 serving ``webapp.asgi`` on PostgreSQL with the Redis channel layer (store, ack, broadcast
 to the run's group with one subscriber). The reference writes the same rows into the same
 table with psycopg ``COPY`` in one transaction (the physical floor for getting them into
@@ -17,10 +18,12 @@ Printed: p50, p99 and max, and the same per hop, each timed from outside the pro
   (the bench wraps the shipper's ``EventLog.read``; the send follows at once);
 - send -> group send: to when a listener the bench adds to the run's channel-layer group
   receives the ``run.events`` message (the web app received, stored, committed, announced);
-- send -> ack: to when the shipper holds the ack (what a next batch waits for: stop-and-wait);
+- send -> ack: to when the shipper holds the ack (what a batch waits for when the shipper's
+  window is full: ``--window`` batches out, 2 by default, 1 the stop-and-wait of before);
 - group send -> browser: the group message to each browser socket's receive (the run consumer);
-- waited for an ack: events written while the previous batch was out (their share, and the
-  wait): what pipelining one batch could save.
+- waited for an ack: events written while the batch before theirs was out, their batch sent
+  after its ack (their share, and the wait): what the flow control costs the live path (a
+  trickle is stop-and-wait, ``client/tributary/shipper.py``).
 
 The shipper thread's CPU time (``/proc/self/task/<tid>/stat``) and its empty reads of the log
 say what the poll costs. ``--poll`` picks how the shipper learns that the log grew: ``fixed``
@@ -32,6 +35,7 @@ the median and range of each mode's p50 and p99.
     .venv/bin/python bench/ingest.py            # 2000 x 50 = 100k points, 50 subscribers
     .venv/bin/python bench/ingest.py --quick    # 300 x 50, 10 subscribers
     .venv/bin/python bench/ingest.py --latency-only --ab 3   # fixed vs adaptive poll, 3 rounds
+    .venv/bin/python bench/ingest.py --window 1              # the stop-and-wait shipper of before
 
 Needs the machine's PostgreSQL and Redis (``DATABASE_URL``-style server URL and ``REDIS_URL``
 below); it creates and drops its own database (``BENCH_DB``, default ``tributary_bench``) and uses Redis db 14.
@@ -132,11 +136,11 @@ def write_log(path: Path, run_id: int, steps: int, n_metrics: int) -> int:
     return steps * n_metrics
 
 
-def ship(web_url: str, run_id: int, path: Path) -> float:
+def ship(web_url: str, run_id: int, path: Path, window: int) -> float:
     from tributary.shipper import EventShipper
     from webapp.runs.tokens import ingest_token
 
-    shipper = EventShipper(web_url, run_id, ingest_token(run_id), path)
+    shipper = EventShipper(web_url, run_id, ingest_token(run_id), path, window=window)
     t0 = time.perf_counter()
     shipper.start()
     if not shipper.finish(timeout=900):
@@ -257,7 +261,7 @@ class ShipperClock:
         self.sent: dict[int, float] = {}
         self.batches: list[tuple[float, int, int]] = []  # (send time, first seq, last seq)
         self.acks: list[tuple[float, int]] = []  # (time, acked seq)
-        read, wait_ack = shipper.log.read, shipper._wait_ack
+        read, take_ack = shipper.log.read, shipper._take_ack
 
         def timed_read(after_seq: int, **options: Any) -> Any:
             batch = read(after_seq, **options)
@@ -268,11 +272,11 @@ class ShipperClock:
                     self.sent.setdefault(seq, now)
             return batch
 
-        def timed_wait_ack(ws: Any, seq: int) -> None:
-            wait_ack(ws, seq)
+        def timed_take_ack(msg: dict[str, Any]) -> None:
+            take_ack(msg)
             self.acks.append((time.time(), shipper.acked_seq))
 
-        shipper.log.read, shipper._wait_ack = timed_read, timed_wait_ack
+        shipper.log.read, shipper._take_ack = timed_read, timed_take_ack
 
     def acked(self, seq: int) -> float | None:
         return next((t for t, upto in self.acks if upto >= seq), None)
@@ -311,6 +315,7 @@ def latency(
     n_subscribers: int,
     n_events: int,
     mode: str = "adaptive",
+    window: int = 2,
 ) -> dict[str, Any]:
     from tributary.events import EventSink
     from tributary.shipper import EventShipper
@@ -328,7 +333,7 @@ def latency(
     subs.start()
     path = workdir / f"latency-{run.pk}.jsonl"
     sink = EventSink(str(run.pk), path)
-    shipper = EventShipper(web_url, run.pk, ingest_token(run.pk), path, **POLL_MODES[mode])
+    shipper = EventShipper(web_url, run.pk, ingest_token(run.pk), path, window=window, **POLL_MODES[mode])
     clock = ShipperClock(shipper)
     if mode == "wake":
         sink.on_write = shipper.wake
@@ -367,14 +372,17 @@ def hops(subs: Subscribers, clock: ShipperClock) -> dict[str, Any]:
         "group send -> browser socket": [t - announced[s] for s, t in subs.deliveries if s in announced],
         "total: write -> browser socket": list(subs.latencies),
     }
-    # Written while the previous batch was out: it waited for that batch's ack.
+    # Written while the batch before was out, and its batch sent only after that one's ack (a
+    # batch that emptied the log is the only one out, shipper.py): it waited for that ack.
     waits: list[float] = []
     for k in range(1, len(clock.batches)):
         out_since, _, prev_last = clock.batches[k - 1]
         ack = clock.acked(prev_last)
+        if ack is None or clock.batches[k][0] < ack:
+            continue  # sent before the ack: it waited for none
         for seq in range(clock.batches[k][1], clock.batches[k][2] + 1):
             t = written.get(seq)
-            if t is not None and ack is not None and out_since < t < ack:
+            if t is not None and out_since < t < ack:
                 waits.append(ack - t)
     return {"hops": out, "ack_waits": waits, "events": len(written)}
 
@@ -412,7 +420,7 @@ def print_hops(result: dict[str, Any]) -> None:
     waits = result["ack_waits"]
     share = len(waits) / max(1, result["events"])
     wait = f", p50 wait {percentile(waits, 0.5) * 1000:.1f} ms" if waits else ""
-    print(f"  written while the previous batch was out (waited for its ack): {share:.0%}{wait}")
+    print(f"  written while the batch before was out (waited for its ack): {share:.0%}{wait}")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -433,6 +441,7 @@ def main() -> None:
     parser.add_argument("--poll", choices=sorted(POLL_MODES), default="adaptive")
     parser.add_argument("--ab", type=int, default=0, help="rounds of --ab-modes, alternated")
     parser.add_argument("--ab-modes", default="fixed,adaptive")
+    parser.add_argument("--window", type=int, default=2, help="batches the shipper keeps out (1: stop-and-wait)")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.subscribers, args.latency_events = 300, 10, 50
@@ -465,14 +474,14 @@ def main() -> None:
         if args.latency_only:
             for mode, run in zip(rounds, latency_runs, strict=True):
                 results.append(
-                    latency(web_url, port, run, workdir, args.subscribers, args.latency_events, mode)
+                    latency(web_url, port, run, workdir, args.subscribers, args.latency_events, mode, args.window)
                 )
                 report_latency(args, results[-1])
             return
         points = write_log(workdir / "events.jsonl", shipped_run.pk, args.steps, args.metrics)
         copy_s = copy_reference(copied_run.pk, args.steps, args.metrics)
         web_cpu = process_cpu_s(web.pid)
-        path_s = ship(web_url, shipped_run.pk, workdir / "events.jsonl")
+        path_s = ship(web_url, shipped_run.pk, workdir / "events.jsonl", args.window)
         web_cpu = process_cpu_s(web.pid) - web_cpu
         copy_s = (copy_s + copy_reference(copied_again.pk, args.steps, args.metrics)) / 2
 
@@ -482,7 +491,9 @@ def main() -> None:
         if stored != points:
             raise SystemExit(f"stored {stored} of {points} points")
         for mode, run in zip(rounds, latency_runs, strict=True):
-            results.append(latency(web_url, port, run, workdir, args.subscribers, args.latency_events, mode))
+            results.append(
+                latency(web_url, port, run, workdir, args.subscribers, args.latency_events, mode, args.window)
+            )
     finally:
         web.terminate()
         web.wait(timeout=30)

@@ -45,9 +45,15 @@ Worker -> web app
                 machine appends to the same file, so what its lost engine wrote meanwhile arrives
                 too), or starts another stream where its own engine's output begins.
 
-Shipping is stop-and-wait per batch: send a batch, wait for its ack, send the next from
-``ack + 1``. On reconnect (with exponential backoff) the worker starts again after the
-``last_seq`` of the new ``hello``. Duplicates are ignored by the web app.
+The web app handles the messages of a socket one at a time, in order, and answers every
+``events`` message with exactly one ``ack`` (or closes), so a worker may send the next batch
+before the ack of the one before: the shipper keeps two out while it has a backlog
+(``client/tributary/shipper.py``), so the second travels while the first is in the database
+(issue 19; nothing changed on the web app's side, which answers a stop-and-wait worker the
+same). An ack short of its batch's last seq (a ``resend``, or an engine's final status inside
+the batch) means: resend from ``ack + 1`` once the batches still out are answered. On reconnect (with exponential backoff) the worker starts again after
+the ``last_seq`` of the new ``hello``: whatever was out unacked is sent again. Duplicates are
+ignored by the web app.
 """
 
 from __future__ import annotations

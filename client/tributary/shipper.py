@@ -6,15 +6,25 @@ One ``EventShipper`` per run, in its own thread, speaking ``client/tributary/pro
 - It tails the engine's event log (``EventLog``): only lines ending with a newline count, so
   a torn last line is shipped once the engine completed it; lines that are not JSON events
   (the remains of a line torn by a crash) are skipped.
-- Stop-and-wait: one ``events`` batch (consecutive events after the last ack, at most
-  ``MAX_BATCH_EVENTS`` and under ``MAX_MESSAGE_BYTES``) at a time; the next batch starts
-  after the ``seq`` the web app acked. After a reconnect it starts after ``hello.last_seq``.
+- Batches of consecutive events (at most ``MAX_BATCH_EVENTS`` and under ``MAX_MESSAGE_BYTES``
+  each), the next starting after the last one sent. While the log holds a backlog (the batch
+  out was cut at a limit, not at the end of the log), up to ``window`` (2) are out at once: the
+  next is read from the log, sent and received while the one before is in the web app's
+  database (issue 19: stop-and-wait left the web app idle between batches). A batch that
+  emptied the log (a live trickle) is stop-and-wait: what is written while it is out goes in
+  one batch after its ack, so a trickle is batched at the web app's pace (a second batch of
+  one event out at once costs the web app a transaction more, and measured a worse live
+  latency, bench/ingest.py). The web app answers every batch with one ack, in order, carrying
+  its cursor (cumulative). An ack short of its batch's last seq (the web app asks for a
+  resend, or stored no further than an engine's final status) stops the sending until the
+  batches still out are answered; the next batch then starts after the last ack. After a
+  reconnect it starts after ``hello.last_seq``: what was out unacked is sent again.
   ``EventLog`` keeps a sparse seq -> byte offset index, so resending from any seq reads a
   bounded stretch of the file, however long the run.
-- Any connection error, missing ack, or non-fatal close code: reconnect with exponential
-  backoff and jitter (``backoff_delay``), the backoff starting over after each ``hello``.
-  A close code in ``FATAL_CLOSE_CODES`` stops the shipper with ``ShipperFatal`` in
-  ``error``: reconnecting cannot help.
+- Any connection error, an ack missing ``ack_timeout`` seconds after its batch was sent, or a
+  non-fatal close code: reconnect with exponential backoff and jitter (``backoff_delay``), the
+  backoff starting over after each ``hello``. A close code in ``FATAL_CLOSE_CODES`` stops the
+  shipper with ``ShipperFatal`` in ``error``: reconnecting cannot help.
 - Each connection: ``hello`` first, then ``attach`` (on every connection, so a restarted web
   app knows again which worker holds the run), then batches. With a ``claim`` id and a web app
   that grants claims (``hello`` says so), ``attach`` carries the claim and nothing is shipped
@@ -46,6 +56,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import collections
 import contextlib
 import json
 import logging
@@ -184,6 +195,7 @@ class EventLog:
         self._scanned = 0  # bytes of complete lines already seen by the indexer
         self._since_index = 0
         self._cursor: tuple[int, int] | None = None  # (seq of the last event returned, offset after it)
+        self.full = False  # the last read stopped at a limit, not at the end of the log: more is there
         self.run: Any = None  # the run id as written in the events (for stand-in events)
 
     def _open(self) -> Any:
@@ -223,10 +235,12 @@ class EventLog:
         size = _ENVELOPE
         last = after_seq
         fh.seek(self._start(after_seq))
+        self.full = True
         while len(out) < max_events:
             offset = fh.tell()
             line = fh.readline()
             if not line.endswith(b"\n"):
+                self.full = False
                 break  # end of file, or a line the engine has not finished writing
             seq, problem = _inspect(line)
             self._note(offset, len(line), seq)
@@ -390,6 +404,7 @@ class EventShipper:
         backoff_cap: float = 10.0,
         max_batch_events: int = MAX_BATCH_EVENTS,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        window: int = 2,
         rng: random.Random | None = None,
     ) -> None:
         self.web_url = web_url
@@ -413,6 +428,7 @@ class EventShipper:
         self.backoff_cap = backoff_cap
         self.max_batch_events = max_batch_events
         self.max_message_bytes = max_message_bytes
+        self.window = max(1, window)  # batches out unacked at once (1: stop-and-wait)
         self.rng = rng or random.Random()
 
         self.acked_seq = 0  # the web app's cursor as last heard (hello.last_seq or an ack)
@@ -430,8 +446,9 @@ class EventShipper:
         # (stream, offset) the web app said it holds; None: it takes no output
         self._output_hello: tuple[str, int] | None = None
         self.done = threading.Event()
-        # Counters (cheap, read by tests and bench/ingest.py): reads of the log that found nothing,
-        # and waits for the log ended by wake() before their timeout.
+        # Counters (cheap, read by tests and bench/ingest.py): reads of the log that found nothing
+        # with no batch out (each followed by a wait for the log), and such waits ended by wake()
+        # before their timeout.
         self.empty_reads = 0
         self.wakeups = 0
 
@@ -441,6 +458,11 @@ class EventShipper:
         self._last_sent = 0.0
         self._wake = threading.Event()
         self._grew_at = time.monotonic()  # when a read last found events: the poll slows from there
+        # This connection's batches out: (last seq, when sent), oldest first; the last seq sent;
+        # and whether an ack fell short of its batch (send nothing until the rest are answered).
+        self._out: collections.deque[tuple[int, float]] = collections.deque()
+        self._sent_seq = 0
+        self._resync = False
         self._thread = threading.Thread(target=self._main, name=f"shipper-{run_id}", daemon=True)
 
     # -- owner's side ----------------------------------------------------------------------
@@ -583,6 +605,8 @@ class EventShipper:
             self._ship(ws)
 
     def _ship(self, ws: ClientConnection) -> None:
+        self._out.clear()
+        self._sent_seq, self._resync = self.acked_seq, False
         while True:
             if self._stop.is_set():
                 ws.close()
@@ -592,14 +616,21 @@ class EventShipper:
                 return
             # Cleared before the read: a write after it sets the event again, so no wake is lost.
             self._wake.clear()
-            batch = self.log.read(
-                self.acked_seq, max_events=self.max_batch_events, max_bytes=self.max_message_bytes
-            )
-            if batch:
-                message = _BATCH_HEAD + b",".join(raw for _, raw in batch) + _BATCH_TAIL
-                ws.send(message.decode("utf-8"))
-                self._last_sent = self._grew_at = time.monotonic()
-                self._wait_ack(ws, batch[-1][0])
+            # Another batch while one is out only from a backlog (see the module docstring).
+            room = not self._resync and (not self._out or (len(self._out) < self.window and self.log.full))
+            if room:
+                batch = self.log.read(
+                    self._sent_seq, max_events=self.max_batch_events, max_bytes=self.max_message_bytes
+                )
+                if batch:
+                    message = _BATCH_HEAD + b",".join(raw for _, raw in batch) + _BATCH_TAIL
+                    ws.send(message.decode("utf-8"))
+                    self._last_sent = self._grew_at = time.monotonic()
+                    self._out.append((batch[-1][0], self._last_sent))
+                    self._sent_seq = batch[-1][0]
+                    continue
+            if self._out:  # an ack, or (room for a batch) the log's next read, whichever is first
+                self._wait_ack(ws, self._poll_delay() if room else None)
             elif self._ship_output(ws):
                 continue
             elif self._finishing.is_set():
@@ -642,8 +673,6 @@ class EventShipper:
                     raise _Reconnect(f"an output_ack without a usable offset: {msg!r}")
                 self.output_acked = held
                 return True
-            if msg.get("type") == "ack":
-                continue
             self._handle(msg)
 
     # -- messages --------------------------------------------------------------------------
@@ -679,7 +708,7 @@ class EventShipper:
                 "run %s: the web app reports error %s: %s", self.run_id, msg.get("code"), msg.get("message")
             )
         elif kind == "ack":
-            pass  # an ack while no batch is out: nothing to do
+            self._take_ack(msg)
         else:
             log.warning("run %s: ignoring an unexpected %r message from the web app", self.run_id, kind)
 
@@ -718,34 +747,46 @@ class EventShipper:
                 return bool(msg.get("won")), str(msg.get("message") or "")
             self._handle(msg)
 
-    def _wait_ack(self, ws: ClientConnection, seq: int) -> None:
-        deadline = time.monotonic() + self.ack_timeout
-        while True:
-            left = min(deadline - time.monotonic(), self._time_left())
-            if left <= 0 or self._stop.is_set():
-                raise _Reconnect(f"no ack for the batch up to seq {seq}")
-            msg = self._recv(ws, min(left, self._until_ping(), 1.0))
-            if msg is None:
-                self._ping_if_due(ws)
-                continue
-            if msg.get("type") == "ack":
-                try:
-                    self.acked_seq = int(msg["seq"])
-                except (KeyError, TypeError, ValueError):
-                    raise _Reconnect(f"an ack without a seq: {msg!r}") from None
-                quarantined = msg.get("quarantined")
-                if isinstance(quarantined, list) and quarantined:
-                    # Stored as error log lines in their place: the stream goes on.
-                    self.quarantined.extend(q for q in quarantined if isinstance(q, int))
-                    log.warning(
-                        "run %s: the web app could not store events %s and quarantined them (see the "
-                        "run's Logs tab); they stay in %s",
-                        self.run_id,
-                        quarantined,
-                        self.log.path,
-                    )
-                return
+    def _wait_ack(self, ws: ClientConnection, at_most: float | None) -> None:
+        """Wait for the web app's next message (the oldest batch's ack, mostly), or ``at_most``
+        seconds (None: until that ack is due); handle it. The ack is overdue ``ack_timeout``
+        seconds after its batch was sent: reconnect."""
+        seq, sent_at = self._out[0]
+        left = min(sent_at + self.ack_timeout - time.monotonic(), self._time_left())
+        if left <= 0 or self._stop.is_set():
+            raise _Reconnect(f"no ack for the batch up to seq {seq}")
+        msg = self._recv(ws, min(left, self._until_ping(), 1.0, at_most if at_most is not None else left))
+        if msg is None:
+            self._ping_if_due(ws)
+        else:
             self._handle(msg)
+
+    def _take_ack(self, msg: dict[str, Any]) -> None:
+        """An ``ack``: the answer to the oldest batch out (the web app answers each in order)."""
+        try:
+            self.acked_seq = seq = int(msg["seq"])
+        except (KeyError, TypeError, ValueError):
+            raise _Reconnect(f"an ack without a seq: {msg!r}") from None
+        quarantined = msg.get("quarantined")
+        if isinstance(quarantined, list) and quarantined:
+            # Stored as error log lines in their place: the stream goes on.
+            self.quarantined.extend(q for q in quarantined if isinstance(q, int))
+            log.warning(
+                "run %s: the web app could not store events %s and quarantined them (see the "
+                "run's Logs tab); they stay in %s",
+                self.run_id,
+                quarantined,
+                self.log.path,
+            )
+        if not self._out:
+            return  # no batch out (the web app's cursor only)
+        last, _ = self._out.popleft()
+        if seq < last:  # short of the batch: resend from the web app's cursor once all are answered
+            self._resync = True
+        if self._resync and not self._out:
+            self._sent_seq, self._resync = seq, False
+        elif seq > self._sent_seq:  # the web app holds more than was sent here (another socket's)
+            self._sent_seq = seq
 
     def _poll_delay(self) -> float:
         """How long to wait before reading the log again (module docstring: woken, or polled at

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import random
@@ -355,3 +356,146 @@ def test_the_poll_is_fast_while_the_log_grows_and_slows_as_it_stays_quiet(tmp_pa
     )
     woken._grew_at = float("inf")
     assert woken._poll_delay() == 0.25  # woken: no fast poll, wake() does it
+
+
+class HoldingIngest(FakeIngest):
+    """The fake web app, reading up to ``hold`` events messages before it answers the first of
+    them: the next ones come only if the shipper sends a batch while the one before is still
+    unanswered. It waits ``hold_timeout`` seconds for each (``hold_timed_out``: one never came),
+    then ``on_held(fake, ws, conn, messages)`` handles those it got (default: each in turn, as
+    ``FakeIngest`` does)."""
+
+    def __init__(self, run_id: int, *, hold: int = 2, hold_timeout: float = 10.0, on_held=None, **options) -> None:
+        super().__init__(run_id, **options)
+        self.hold, self.hold_timeout, self.on_held = hold, hold_timeout, on_held
+        self.held = self.hold_timed_out = False
+
+    async def _on_message(self, ws, conn, data) -> bool:
+        if self.held or json.loads(data).get("type") != "events":
+            return await super()._on_message(ws, conn, data)
+        self.held = True
+        messages = [data]
+        deadline = asyncio.get_running_loop().time() + self.hold_timeout
+        while len(messages) < self.hold:  # the next batch, sent before this one's ack
+            try:
+                more = await asyncio.wait_for(ws.recv(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                self.hold_timed_out = True
+                break
+            if json.loads(more).get("type") == "events":
+                messages.append(more)
+            elif await super()._on_message(ws, conn, more):  # a ping: not what is held for
+                return True
+        if self.on_held is not None:
+            return await self.on_held(self, ws, conn, messages)
+        for message in messages:
+            if await super()._on_message(ws, conn, message):
+                return True
+        return False
+
+
+def holding_ingest(request, run_id: int, **options) -> HoldingIngest:
+    fake = HoldingIngest(run_id, **options).start()
+    request.addfinalizer(fake.close)
+    return fake
+
+
+def test_two_batches_are_out_at_once_and_each_is_acked_in_order(request, tmp_path: Path) -> None:
+    fake = holding_ingest(request, RUN)
+    path = tmp_path / "events.jsonl"
+    seqs = write_events(path, RUN, 3 * MAX_BATCH_EVENTS)
+    shipper = shipper_for(fake, path).start()
+    assert shipper.finish(timeout=60)
+    assert shipper.error is None and shipper.acked_seq == seqs[-1] and shipper.backoff_delays == []
+    assert not fake.hold_timed_out  # the second batch came before the first's ack
+    assert_exactly_once(fake, path)
+    (conn,) = fake.conns
+    assert [s for b in conn.batches for s in b] == seqs  # the second batch went on from the first's end
+
+
+def test_a_stop_and_wait_shipper_sends_no_batch_before_the_ack(request, tmp_path: Path) -> None:
+    """``window=1`` (the shipper before issue 19): the fake web app waits in vain for a second
+    batch before it answers the first."""
+    fake = holding_ingest(request, RUN, hold_timeout=1.0)
+    path = tmp_path / "events.jsonl"
+    seqs = write_events(path, RUN, 3 * MAX_BATCH_EVENTS)
+    shipper = shipper_for(fake, path, window=1).start()
+    assert shipper.finish(timeout=60)
+    assert fake.hold_timed_out and shipper.backoff_delays == []
+    assert_exactly_once(fake, path)
+    (conn,) = fake.conns
+    assert [s for b in conn.batches for s in b] == seqs
+
+
+def test_a_live_trickle_is_stop_and_wait_and_batched_at_the_web_apps_pace(request, tmp_path: Path) -> None:
+    """A batch that emptied the log is the only one out: what the engine writes while it is out
+    goes in one batch after its ack (a second batch of a few events out at once would cost the
+    web app a transaction more for nothing)."""
+    fake = holding_ingest(request, RUN, hold_timeout=1.0)
+    path = tmp_path / "events.jsonl"
+    first = write_events(path, RUN, 5)
+    shipper = shipper_for(fake, path).start()
+    fake.wait_for(lambda f: f.held)
+    later = write_events(path, RUN, 5, start_seq=first[-1])  # while the first batch is out
+    assert shipper.finish(timeout=60)
+    assert fake.hold_timed_out and shipper.backoff_delays == []
+    (conn,) = fake.conns
+    assert conn.batches == [first, later]
+
+
+@pytest.mark.parametrize("stored", [0, 1, 2])
+def test_batches_out_unacked_at_a_crash_are_resent_from_the_hello_without_gap_or_duplicate(
+    request, tmp_path: Path, stored: int
+) -> None:
+    """Two batches are out when the web app dies, having stored ``stored`` of them and acked
+    none: the next connection's ``hello.last_seq`` says where to resume, and the shipper resends
+    from there: every event stored exactly once, and the stored ones not sent again."""
+
+    async def store_then_crash(fake, ws, conn, messages) -> bool:
+        for message in messages[:stored]:
+            fake.crash_after_batch = {fake.batches_total + 1: 0.0} if message is messages[stored - 1] else {}
+            await FakeIngest._on_message(fake, ws, conn, message)
+        if not stored:
+            ws.transport.abort()
+            fake._restarts.add(asyncio.get_running_loop().create_task(fake._restart_after(0.0)))
+        return True
+
+    fake = holding_ingest(request, RUN, on_held=store_then_crash)
+    path = tmp_path / "events.jsonl"
+    seqs = write_events(path, RUN, 4 * MAX_BATCH_EVENTS)
+    shipper = shipper_for(fake, path).start()
+    assert shipper.finish(timeout=60)
+    assert shipper.error is None and shipper.acked_seq == seqs[-1]
+    assert_exactly_once(fake, path)
+    first, second = fake.conns  # one reconnect: the crash
+    assert len(first.batches) == stored and len(shipper.backoff_delays) == 1
+    assert second.hello["last_seq"] == stored * MAX_BATCH_EVENTS
+    assert second.batches[0][0] == second.hello["last_seq"] + 1
+    assert all(n == 1 for n in fake.received.values())  # nothing stored was sent again
+
+
+def test_an_ack_short_of_its_batch_resends_from_there_once_the_batches_out_are_answered(
+    request, tmp_path: Path
+) -> None:
+    """The web app stores only part of the first batch and acks that (as after a resend request);
+    the second batch, already out, then leaves a gap, which it answers as the real web app does
+    (an ack of its cursor with ``resend``): the shipper goes on from that cursor, after both answers."""
+    cut = 123
+
+    async def store_part(fake, ws, conn, messages) -> bool:
+        first = json.loads(messages[0])
+        first["events"] = first["events"][:cut]
+        await FakeIngest._on_message(fake, ws, conn, json.dumps(first))  # acks `cut`
+        await ws.send(json.dumps({"type": "ack", "seq": fake.last_seq, "resend": True}))  # the gap
+        return False
+
+    fake = holding_ingest(request, RUN, on_held=store_part)
+    path = tmp_path / "events.jsonl"
+    seqs = write_events(path, RUN, 3 * MAX_BATCH_EVENTS)
+    shipper = shipper_for(fake, path).start()
+    assert shipper.finish(timeout=60)
+    assert shipper.error is None and shipper.acked_seq == seqs[-1] and shipper.backoff_delays == []
+    assert_exactly_once(fake, path)
+    (conn,) = fake.conns
+    assert conn.batches[0] == seqs[:cut] and conn.batches[1][0] == cut + 1
+    assert [s for b in conn.batches for s in b] == seqs  # the resent ones once, after the cut
