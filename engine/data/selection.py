@@ -136,13 +136,21 @@ _STREAM = 0x5E1EC7
 
 
 def log_weights(
-    a: np.ndarray, b: np.ndarray, selection: str, options: SelectionOptions, n: int
+    a: np.ndarray,
+    b: np.ndarray,
+    selection: str,
+    options: SelectionOptions,
+    n: int,
+    zero_var: np.ndarray | None = None,
 ) -> np.ndarray:
     """log w of the selection for prompts whose pass rates are predicted Beta(a, b) (a, b > 0), n
-    completions a group (see the module docstring): ``difficulty_targeted`` -P(zero-variance) / tau,
-    ``pace`` on the posterior mean p = a / (a + b), which is strictly inside (0, 1)."""
+    completions a group (see the module docstring): ``difficulty_targeted`` -P(zero-variance) / tau
+    (``zero_var``: that P when the caller has it already), ``pace`` on the posterior mean
+    p = a / (a + b), which is strictly inside (0, 1)."""
     if selection == "difficulty_targeted":
-        return -beta_binomial_zero_variance(a, b, n) / options.temperature
+        if zero_var is None:
+            zero_var = beta_binomial_zero_variance(a, b, n)
+        return -zero_var / options.temperature
     if selection == "pace":
         p = a / (a + b)
         return options.alpha * np.log(p) + options.beta * np.log1p(-p)
@@ -339,10 +347,7 @@ class PromptSelector:
         rng: np.random.Generator,
     ) -> list[int]:
         """Positions in the pool of ``want`` candidates drawn by their weights (Gumbel-top-k)."""
-        if self.selection == "difficulty_targeted":
-            logw = -zero_var / self.options.temperature  # log_weights', without computing P0 again
-        else:
-            logw = log_weights(a, b, self.selection, self.options, self.group_size)
+        logw = log_weights(a, b, self.selection, self.options, self.group_size, zero_var)
         self._tally.pool += len(a)
         self._tally.pool_zero_var += float(zero_var.sum())
         self._tally.effective.append(effective_number(selection_probabilities(logw)))
