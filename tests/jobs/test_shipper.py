@@ -430,13 +430,24 @@ def test_a_stop_and_wait_shipper_sends_no_batch_before_the_ack(request, tmp_path
 def test_a_live_trickle_is_stop_and_wait_and_batched_at_the_web_apps_pace(request, tmp_path: Path) -> None:
     """A batch that emptied the log is the only one out: what the engine writes while it is out
     goes in one batch after its ack (a second batch of a few events out at once would cost the
-    web app a transaction more for nothing)."""
-    fake = holding_ingest(request, RUN, hold_timeout=1.0)
+    web app a transaction more for nothing). The first batch is answered only once the later events
+    are all written, however slowly the machine writes them."""
+    written = threading.Event()
+
+    async def answer_once_written(fake, ws, conn, messages) -> bool:
+        await asyncio.to_thread(written.wait, 60)
+        for message in messages:
+            if await FakeIngest._on_message(fake, ws, conn, message):
+                return True
+        return False
+
+    fake = holding_ingest(request, RUN, hold_timeout=1.0, on_held=answer_once_written)
     path = tmp_path / "events.jsonl"
     first = write_events(path, RUN, 5)
     shipper = shipper_for(fake, path).start()
     fake.wait_for(lambda f: f.held)
     later = write_events(path, RUN, 5, start_seq=first[-1])  # while the first batch is out
+    written.set()
     assert shipper.finish(timeout=60)
     assert fake.hold_timed_out and shipper.backoff_delays == []
     (conn,) = fake.conns
