@@ -31,16 +31,22 @@ lint: install
 
 # The web app tests run twice: on SQLite with the in-memory channel layer (with the rest of the
 # suite), then on the machine's PostgreSQL and Redis (pytest-django creates and drops
-# test_postgres; Redis database 15 keeps test traffic apart; .ci/run starts both servers).
+# test_postgres_gw0 and _gw1; Redis databases 15 and 13 keep test traffic apart; .ci/run starts both servers).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # The same data directory tests/conftest.py picks, set before pytest-django loads the settings
 # (which create a secret key there), so tests never write to the user's own data directory.
 test: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
 
+# Two pytest-xdist workers, one core each (tests/workers.py gives each one intra-op thread and its
+# own Redis database); a file's tests stay on one worker, so module fixtures are built once.
+# `make test PYTEST_WORKERS=0` runs in one process.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: install lint test-js browser
-	$(PY) -m pytest -q
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q tests/webapp
+	$(PY) -m pytest -q $(XDIST)
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q $(XDIST) tests/webapp
 
 # The quick lane while working: ruff and every test not marked slow (learning, DeepSpeed, vLLM,
 # end-to-end deployments, and what needs the starter policy, which a fresh data directory builds
@@ -49,7 +55,7 @@ test: install lint test-js browser
 test-fast: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
 
 test-fast: install lint test-js
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
 
 # The unit tests of the pages' pure modules (formatting, series store, contracts, socket client),
 # with Node's own test runner: no npm package, no build step (one test reads engine/contracts.py

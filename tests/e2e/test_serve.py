@@ -35,7 +35,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.e2e.harness import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.starter("arithmetic")]
 
 STARTUP_TIMEOUT = 300.0  # migrations, uvicorn and Celery start-up on a busy 2-core machine
 RUNNING_TIMEOUT = 300.0  # the engine loads the starter policy, evaluates step 0, trains a step

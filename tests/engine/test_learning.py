@@ -56,6 +56,7 @@ def train_from_the_starter(tmp_path: Path, *overrides: str) -> dict[int, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.starter("arithmetic")
 @pytest.mark.parametrize("staleness", [0, 2], ids=["sync", "async-k2"])
 def test_dapo_raises_eval_accuracy_from_the_starter_policy(staleness: int, tmp_path: Path) -> None:
     metrics = train_from_the_starter(tmp_path, f"async.max_staleness={staleness}")
@@ -69,6 +70,7 @@ def test_dapo_raises_eval_accuracy_from_the_starter_policy(staleness: int, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.starter("arithmetic")
 def test_difficulty_targeted_selection_with_rollout_replay_learns(tmp_path: Path) -> None:
     """Issue 16's replay arm of ``bench/data_efficiency.py``: DOTS selection plus rollout replay
     (a quarter of each batch from the buffer) still learns, on about three quarters of the tokens.

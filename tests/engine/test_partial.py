@@ -108,7 +108,8 @@ def partial_run(request: pytest.FixtureRequest, starter: tuple[Any, Any, Any]) -
     return steps
 
 
-@pytest.mark.slow  # the arithmetic starter policy: built once per data directory (minutes)
+@pytest.mark.slow
+@pytest.mark.starter("arithmetic")
 def test_no_completion_is_lost(partial_run: list[dict]) -> None:
     for s in partial_run:
         produced, m = s["produced"], s["produced"].metrics
@@ -130,7 +131,8 @@ def test_no_completion_is_lost(partial_run: list[dict]) -> None:
     assert any(s["produced"].metrics["partial/resumed_groups"] > 0 for s in partial_run)
 
 
-@pytest.mark.slow  # the arithmetic starter policy: built once per data directory (minutes)
+@pytest.mark.slow
+@pytest.mark.starter("arithmetic")
 def test_wait_trains_nothing_stale_and_drop_would_drop(partial_run: list[dict]) -> None:
     """The trainer of step s holds the version step s's round generated with: under "wait" no row
     of any batch is more than K versions behind it (some groups had to be finished for that);
@@ -143,7 +145,8 @@ def test_wait_trains_nothing_stale_and_drop_would_drop(partial_run: list[dict]) 
         assert max(lags) > K and forced == 0
 
 
-@pytest.mark.slow  # the arithmetic starter policy: built once per data directory (minutes)
+@pytest.mark.slow
+@pytest.mark.starter("arithmetic")
 def test_every_segment_keeps_the_version_that_generated_it(partial_run: list[dict]) -> None:
     multi = 0
     for s in partial_run:
@@ -404,7 +407,8 @@ def test_long_tails_force_groups_under_wait_and_are_dropped_under_drop() -> None
 # ----------------------------------------------------------------------------- checkpoints
 
 
-@pytest.mark.slow  # the arithmetic starter policy: built once per data directory (minutes)
+@pytest.mark.slow
+@pytest.mark.starter("arithmetic")
 def test_the_pool_in_flight_round_trips_and_resumes_exactly(starter: tuple[Any, Any, Any]) -> None:
     """The pool captured before step 3 (with the sampler's position), through JSON, into a fresh
     producer: step 3 there equals step 3 of the run that kept going, row for row and token for

@@ -34,6 +34,7 @@ SOMETIMES = (0.10, 0.60)  # "sometimes succeeds": RL has signal and room to impr
 
 
 @pytest.mark.slow
+@pytest.mark.starter("arithmetic", "countdown")
 @pytest.mark.parametrize("task", ["arithmetic", "countdown"])
 def test_starter_policy_sometimes_succeeds(task: str) -> None:
     path = starter_policy(task, 1)
@@ -69,6 +70,7 @@ def test_starter_policy_sometimes_succeeds(task: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.starter("arithmetic")
 def test_starter_policy_is_cached() -> None:
     path = starter_policy("arithmetic", 1)
     stamp = (path / "starter.json").stat().st_mtime_ns

@@ -94,7 +94,9 @@ def _own_database_url() -> str | None:
     import psycopg
 
     parts = urlsplit(url)
-    name = f"test_{parts.path.lstrip('/') or 'postgres'}_csv"
+    # One per xdist worker, as pytest-django's test databases are (test_postgres_gw0, ...).
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    name = f"test_{parts.path.lstrip('/') or 'postgres'}_csv{'_' + worker if worker else ''}"
     admin = urlunsplit(parts._replace(path="/postgres", scheme="postgresql"))
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
