@@ -12,7 +12,11 @@ from tests.workers import redis_url_for_worker, worker_number
     [
         ("redis://127.0.0.1:6379/15", 0, "redis://127.0.0.1:6379/15"),
         ("redis://127.0.0.1:6379/15", 1, "redis://127.0.0.1:6379/13"),  # not 14: tests/jobs/test_routing.py's
-        ("redis://:secret@cache:6380/9?ssl_cert_reqs=none", 2, "redis://:secret@cache:6380/5?ssl_cert_reqs=none"),
+        (
+            "redis://:secret@cache:6380/9?ssl_cert_reqs=none",
+            2,
+            "redis://:secret@cache:6380/5?ssl_cert_reqs=none",
+        ),
         ("redis://127.0.0.1:6379", 0, "redis://127.0.0.1:6379/0"),
     ],
 )

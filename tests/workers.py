@@ -35,7 +35,9 @@ def redis_url_for_worker(url: str, number: int) -> str:
     base = int(path) if path.isdigit() else 0
     database = base - 2 * number
     if database < 0:
-        raise ValueError(f"REDIS_URL {url!r} leaves no Redis database for xdist worker {number}: start from a higher one")
+        raise ValueError(
+            f"REDIS_URL {url!r} leaves no Redis database for xdist worker {number}: start from a higher one"
+        )
     return urlunsplit(parts._replace(path=f"/{database}"))
 
 

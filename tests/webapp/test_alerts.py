@@ -154,6 +154,21 @@ def test_a_nan_loss_fires_and_a_finite_one_clears_it() -> None:
     assert fired(events) == [("non_finite", 25), ("non_finite", 50)]
 
 
+def test_only_a_name_holding_a_watched_word_clears_a_nan_alert() -> None:
+    """``NonFinite`` searches the names joined (issue 19): a watched word split across two names
+    ("lo", "ss") is in no name, so that step says nothing and the alert stays raised."""
+    nan = [Observation(1, 1, {}, ("actor/pg_loss",))]
+    split = [Observation(2, 2, {"lo": 1.0, "ss": 2.0, "grad_": 3.0, "norm": 4.0}, ())]
+    named = [Observation(3, 3, {"eval/acc": 0.5, "train/grad_norm": 1.0}, ())]
+    params = effective()
+    state: dict = {}
+    assert [f.step for f in evaluate(state, nan + split, params, BOUND)] == [1]
+    assert state["non_finite"] == {"active": True}
+    evaluate(state, named, params, BOUND)
+    assert state["non_finite"] == {"active": False}
+    assert [f.step for f in evaluate(state, nan, params, BOUND)] == [1]  # fires again once cleared
+
+
 def test_groups_without_signal_fire_after_five_steps_in_a_row() -> None:
     events = changed(lambda s: 10 <= s <= 20, frac_reward_zero_std=lambda v: 1.0)
     assert fired(events) == [("zero_std_groups", 14)]

@@ -164,6 +164,32 @@ def test_it_quarantines_a_bad_event_and_stores_the_rest(claimed, bad, message) -
     assert f"event 3 ({bad.get('type') or '?'}) was quarantined" in text and message in text
 
 
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [(0.5, 0.5), (7, 7.0), (1.7e308, 1.7e308), (None, None), (True, "quarantined"), (math.nan, "quarantined"),
+     (math.inf, "quarantined"), ("0.1", "quarantined")],
+)  # fmt: skip
+def test_values_under_names_seen_before_are_still_checked(claimed, value: Any, kept: Any) -> None:
+    """A metrics event whose names were all found clean before and whose values are all finite
+    floats is taken whole (``ingest._plain_values``, issue 19); any other value is still checked
+    as before: an integer stored as a float, null as a non-finite value (no point), the rest
+    quarantined. 1.7e308 twice sums to infinity: checked one by one, and kept."""
+    ingest_events(claimed, [metrics(1, 1, loss=1.0, acc=1.7e308)])  # the names, seen and clean
+    ingest_events(claimed, [metrics(2, 2, loss=value, acc=1.7e308)])
+    points = dict(MetricPoint.objects.filter(run=claimed, step=2).values_list("name", "value"))
+    errors = list(LogLine.objects.filter(run=claimed, level="error").values_list("seq", "message"))
+    run = Run.objects.get(pk=claimed.pk)
+    if kept == "quarantined":  # by the checks (not by the database, as a NaN would be on SQLite)
+        assert (points, [seq for seq, _ in errors], run.last_seq) == ({}, [2], 2)
+        assert "field 'values.loss' must be a finite number" in errors[0][1]
+        return
+    assert errors == [] and points.pop("acc") == 1.7e308
+    assert points == ({} if kept is None else {"loss": kept})
+    assert float(run.summary["loss"]) == (1.0 if kept is None else kept)  # jsonb reads 1.7e308 as an int
+    if type(value) is int:  # stored as the float it was checked into (jsonb keeps "7.0")
+        assert type(run.summary["loss"]) is float
+
+
 def test_an_invalid_event_is_a_value_error_naming_seq_and_field() -> None:
     error = InvalidEvent(7, "values.loss", "must be a finite number, got nan")
     assert isinstance(error, ValueError)
@@ -276,6 +302,32 @@ def test_it_stores_every_metric_name_and_value_exactly(claimed) -> None:
     assert [k for k in expected if got[k].hex() != expected[k].hex()] == []
     point = MetricPoint.objects.get(run=claimed, name="tab\there", step=2)
     assert point.time.timestamp() == T0 + 2 and point.seq == 2 and point.attempt == 1 and not point.superseded
+
+
+def test_the_bulk_insert_says_whether_the_database_took_every_point(claimed) -> None:
+    """``bulk.insert_point_groups`` is True only when every point was inserted (the rollups then
+    aggregate the batch in memory, ``webapp.analysis.rollups.record``): a point stored already,
+    or twice in one call, is ignored (its first value kept) and makes it False."""
+    from datetime import UTC, datetime
+
+    from webapp.runs.bulk import insert_point_groups
+
+    at = datetime.fromtimestamp(T0, tz=UTC)
+    run = claimed.pk
+    with transaction.atomic():
+        assert insert_point_groups([(run, 1, at, 1, 1, {"loss": 1.0, "acc": 0.5}), (run, 2, at, 2, 1, {})])
+        assert not insert_point_groups([(run, 1, at, 3, 1, {"loss": 9.0}), (run, 3, at, 3, 1, {"loss": 3.0})])
+        assert not insert_point_groups([(run, 4, at, 4, 1, {"loss": 4.0}), (run, 4, at, 5, 1, {"loss": 5.0})])
+        assert insert_point_groups([(run, 1, at, 6, 2, {"loss": 6.0})])  # another attempt's step 1
+        assert insert_point_groups([(run, 5, at, 7, 1, {})])  # nothing to store
+    got = sorted(MetricPoint.objects.filter(run=claimed).values_list("name", "step", "attempt", "value"))
+    assert got == [
+        ("acc", 1, 1, 0.5),
+        ("loss", 1, 1, 1.0),
+        ("loss", 1, 2, 6.0),
+        ("loss", 3, 1, 3.0),
+        ("loss", 4, 1, 4.0),
+    ]
 
 
 def test_it_keeps_one_log_line_per_seq(claimed) -> None:

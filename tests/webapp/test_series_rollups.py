@@ -191,6 +191,54 @@ def test_rollups_serve_the_series_the_points_give(rewound_run: Run) -> None:
         assert_same_series(got, series_of(run, query))
 
 
+def test_a_batch_stored_whole_is_rolled_up_from_its_events_and_one_with_a_repeat_from_the_rows(
+    make_run: Callable[..., Run], valid_config: dict[str, Any]
+) -> None:
+    """A batch whose points the database all took is aggregated from the events ingest holds (no
+    read of the points, issue 19); a batch repeating a stored point (ignored, its first value
+    kept) from the rows the database kept, so the repeat is not counted. Either way the blocks
+    equal a rebuild from the points: names holding what an array literal escapes, a value under
+    ``TINY`` (0 in the sums), values near the largest float, times that go backwards."""
+    from django.test.utils import CaptureQueriesContext
+
+    run = make_run(config=valid_config)
+    attempt = check_ingest_token(start_attempt(run.pk), run.pk)
+    assert claim_run(run.pk, "worker-a", claim=f"claim-{attempt}", attempt=attempt) == (True, "")
+    names = ('a "quoted" name', "back\\slash", "comma,{brace}", "tab\tand space", "ünï/cødé")
+
+    def metrics_at(seq: int, step: int, scale: float = 1.0) -> dict[str, Any]:
+        values = {name: scale * (i - step / 7) for i, name in enumerate(names)}
+        values["huge"], values["-huge"] = 1.7e308, -1.7e308  # one sign each: the sums in any order agree
+        time = T0 + step - (40.0 if step % 5 == 0 else 0.0)
+        return {"run": "r", "seq": seq, "type": "metrics", "step": step, "time": time, "values": values}
+
+    first = [status(1, "running")] + [metrics_at(2 + step, step) for step in range(40)]
+    first.append(
+        {"run": "r", "seq": 42, "type": "metrics", "step": 100, "time": T0, "values": {"tiny": 1e-300}}
+    )
+
+    def reads_points(events: list[dict[str, Any]]) -> bool:
+        with CaptureQueriesContext(connection) as queries:
+            store_events(run.pk, events, attempt=attempt)
+        rollup_sql = [q["sql"] for q in queries.captured_queries if rollups.ROLLUPS in q["sql"]]
+        assert rollup_sql, "no rollups statement"
+        return any(rollups.POINTS in sql for sql in rollup_sql)
+
+    assert not reads_points(first)
+    # Step 39 again (new seq, same attempt): its first values stay, and count once.
+    assert reads_points([metrics_at(43, 39, scale=10.0)] + [metrics_at(44 + i, 101 + i) for i in range(20)])
+    assert not reads_points([metrics_at(64 + i, 121 + i) for i in range(3)])
+    tiny = MetricRollup.objects.get(run=run, name="tiny", width=rollups.WIDTHS[0])
+    assert (tiny.count, tiny.total, tiny.min, tiny.max) == (1, 0.0, 1e-300, 1e-300)
+
+    kept = rollup_rows(run)
+    for name in (*names, "huge", "-huge"):
+        widest = sum(r[0] for (n, width, _), r in kept.items() if n == name and width == rollups.WIDTHS[-1])
+        assert widest == MetricPoint.objects.filter(run=run, name=name).count() == 40 + 20 + 3
+    rollups.rebuild(run.pk)
+    assert_same_rollups(rollup_rows(run), kept)
+
+
 def test_a_long_series_reads_blocks_not_its_points(rewound_run: Run) -> None:
     """The buckets between the edge ones come from the blocks: the points read are the first and
     last and the two edge buckets' (at most 2 x 16 here: 4,500 steps in <= 998 buckets)."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,6 +232,7 @@ class Staleness(Rule):
 
 class NonFinite(Rule):
     watched = ("loss", "grad_norm")
+    SEPARATOR = "\n"  # in no watched word: a match in names joined by it is inside one name
 
     def __init__(self) -> None:
         super().__init__("non_finite", "Non-finite loss or gradient", {})
@@ -240,7 +241,7 @@ class NonFinite(Rule):
         bad = sorted(n for n in obs.non_finite if any(w in n for w in self.watched))
         if not bad:
             # Only a step that reports a loss clears the alert: a metrics event of eval alone says nothing.
-            if any(any(w in n for w in self.watched) for n in obs.values):
+            if self.watches(obs.values):
                 return False, "", None, None, ""
             return None
         return (
@@ -250,6 +251,13 @@ class NonFinite(Rule):
             None,
             f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN or infinite",
         )
+
+    def watches(self, names: Iterable[str]) -> bool:
+        """Whether a watched word is in one of ``names``: a search of each word in the names joined
+        by ``SEPARATOR``, not of each word in each name (a batch of 500 events of 50 metrics made
+        50,000 searches, 14 of the rules' 15 ms, issue 19)."""
+        joined = self.SEPARATOR.join(names)
+        return any(word in joined for word in self.watched)
 
 
 class Sustained(Rule):

@@ -16,11 +16,17 @@ The rows hold exactly the points the points table holds, not superseded, as long
 is stored by ``webapp.runs.ingest.store_events`` (imports too); points written past it (a bench's
 direct inserts) need ``rebuild``, and a metric without any block is read from its points:
 
-- ``record`` runs after ingest stored a batch, in its transaction: one statement aggregates the
-  points stored with the batch's seqs (all above the run's cursor, so no earlier batch's; a point
-  the database ignored, a metric logged again at a stored step, keeps the seq of the batch that
-  stored it first, so it is not counted twice), finest width from the points and the coarser ones from that, and merges them into the stored
-  blocks (``INSERT ... ON CONFLICT DO UPDATE``: counts and sums add, min/max combine).
+- ``record`` runs after ingest stored a batch, in its transaction, and merges the batch's blocks
+  into the stored ones (``INSERT ... ON CONFLICT DO UPDATE``: counts and sums add, min/max
+  combine): one statement, whatever the batch's size. When the database took every point of the
+  batch (the usual case: ``bulk.insert_point_groups`` says so), the blocks are aggregated here from
+  the points ingest holds, in one pass over the batch's events, and sent as the statement's
+  parameters (``_blocks``). Otherwise some point was ignored (a metric logged again at a stored
+  step keeps the seq of the batch that stored it first, and is not counted twice): the statement
+  aggregates the points stored with the batch's seqs (all above the run's cursor, so no earlier
+  batch's), finest width from the points and the coarser ones from that. Reading the points back
+  (a sort of a batch's 25,000 points by name and block) was about half of that statement's time,
+  and the statement the largest cost of a batch after the COPY and its commit (issue 19).
 - ``rewind`` runs when a resume superseded points from step ``s`` on (``ingest._supersede``): the
   blocks that reach ``s`` are deleted and rebuilt from the points still in the history, the
   finest width from the points (at most ``WIDTHS[0]`` a metric) and each coarser width from the
@@ -75,6 +81,10 @@ _FROM_POINTS = (
 )
 _FIELDS = "count, total, min, max, first_step, last_step, first_time"
 
+# What ingest hands over: one metrics event's points, (run_id, step, time, seq, attempt, {name: value}),
+# ``bulk.PointGroup``.
+Group = tuple[Any, ...]
+
 
 def _merge(vendor: str) -> str:
     """The upsert's conflict clause: a block stored already takes in the new one's points."""
@@ -88,13 +98,20 @@ def _merge(vendor: str) -> str:
     )
 
 
-def record(run_id: int, points: Sequence[Sequence[Any]]) -> None:
-    """Fold the points ingest just stored for run ``run_id`` (``bulk.PointRow``s, seq 6th) into
-    the rollups: one statement, whatever the batch's size. The points are read back by the
-    batch's seqs (index (run, seq)): exactly the rows the database kept."""
-    if not points:
+def record(run_id: int, groups: Sequence[Group], *, all_stored: bool = False) -> None:
+    """Fold the points ingest just stored for run ``run_id`` (its metrics events as
+    ``bulk.PointGroup``s) into the rollups: one statement, whatever the batch's size.
+
+    ``all_stored``: the database took every point of ``groups`` (``bulk.insert_point_groups``), so
+    they are exactly the rows stored with the batch's seqs and are aggregated here. Otherwise the
+    points are read back by the batch's seqs (index (run, seq)): exactly the rows the database kept."""
+    groups = [group for group in groups if group[5]]
+    if not groups:
         return
-    seqs = [p[5] for p in points]
+    if all_stored:
+        _upsert(run_id, _blocks(groups))
+        return
+    seqs = [group[3] for group in groups]
     w0 = WIDTHS[0]
     coarser = " UNION ALL ".join(
         f"SELECT name, {w} AS width, block / {w // w0} AS block, {_COMBINED} FROM fine "
@@ -111,6 +128,120 @@ def record(run_id: int, points: Sequence[Sequence[Any]]) -> None:
             f"WHERE true {_merge(connection.vendor)}",
             [run_id, min(seqs), max(seqs), run_id],
         )
+
+
+Block = list[Any]  # [count, total, min, max, first_step, last_step, first_time]
+
+
+def _blocks(groups: Sequence[Group]) -> dict[tuple[int, int], dict[str, Block]]:
+    """The blocks of every width that the points of ``groups`` fall in: {(width, block): {name:
+    [count, total, min, max, first_step, last_step, first_time]}}, the same aggregates the SQL of
+    ``_FROM_POINTS`` and ``_COMBINED`` computes (the sum of ``SCALED_VALUE``s, in another order).
+
+    The finest blocks from the points, one pass: an event's points share a step, hence a block,
+    so the block's table is looked up once an event and each point costs one lookup by name. The
+    coarser widths from the finer ones (at most a few thousand a batch)."""
+    w0 = WIDTHS[0]
+    scale, tiny = float(SCALE), TINY
+    fine: dict[int, dict[str, Block]] = {}
+    for _run, step, time, _seq, _attempt, values in groups:
+        block = fine.get(step // w0)
+        if block is None:
+            block = fine[step // w0] = {}
+        get = block.get
+        for name, value in values.items():
+            scaled = 0.0 if -tiny < value < tiny else value / scale
+            row = get(name)
+            if row is None:
+                block[name] = [1, scaled, value, value, step, step, time]
+                continue
+            row[0] += 1
+            row[1] += scaled
+            if value < row[2]:
+                row[2] = value
+            if value > row[3]:
+                row[3] = value
+            if step < row[4]:
+                row[4] = step
+            if step > row[5]:
+                row[5] = step
+            if time < row[6]:
+                row[6] = time
+    out: dict[tuple[int, int], dict[str, Block]] = {(w0, b): names for b, names in fine.items()}
+    finer = fine
+    for low, width in itertools.pairwise(WIDTHS):
+        ratio = width // low
+        coarse: dict[int, dict[str, Block]] = {}
+        for b, names in finer.items():
+            into = coarse.setdefault(b // ratio, {})
+            for name, (count, total, lo, hi, first, last, at) in names.items():
+                row = into.get(name)
+                if row is None:
+                    into[name] = [count, total, lo, hi, first, last, at]
+                    continue
+                row[0] += count
+                row[1] += total
+                row[2] = min(row[2], lo)
+                row[3] = max(row[3], hi)
+                row[4] = min(row[4], first)
+                row[5] = max(row[5], last)
+                row[6] = min(row[6], at)
+        out.update({(width, b): names for b, names in coarse.items()})
+        finer = coarse
+    return out
+
+
+MAX_ROWS_PER_STATEMENT = 1000  # 11 parameters a row on SQLite: well under its 32,766
+
+
+def _upsert(run_id: int, blocks: dict[tuple[int, int], dict[str, Block]]) -> None:
+    """Merge ``blocks`` into run ``run_id``'s stored ones (``_merge``): one statement on PostgreSQL,
+    one per ``MAX_ROWS_PER_STATEMENT`` rows on SQLite."""
+    rows = [(name, width, b, *row) for (width, b), names in blocks.items() for name, row in names.items()]
+    merge = _merge(connection.vendor)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"INSERT INTO {ROLLUPS} AS r ({COLUMNS}) SELECT %s, * FROM unnest(%s::varchar[], %s::integer[], "
+                "%s::integer[], %s::integer[], %s::double precision[], %s::double precision[], "
+                f"%s::double precision[], %s::integer[], %s::integer[], %s::timestamptz[]) {merge}",
+                [run_id, *_array_literals(rows)],
+            )
+            return
+        adapt = connection.ops.adapt_datetimefield_value
+        for start in range(0, len(rows), MAX_ROWS_PER_STATEMENT):
+            chunk = rows[start : start + MAX_ROWS_PER_STATEMENT]
+            placeholders = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
+            cursor.execute(
+                f"INSERT INTO {ROLLUPS} AS r ({COLUMNS}) VALUES {placeholders} {merge}",
+                [value for row in chunk for value in (run_id, *row[:9], adapt(row[9]))],
+            )
+
+
+def _array_literals(rows: list[tuple[Any, ...]]) -> list[str]:
+    """Each column of ``rows`` (name, width, block, count, total, min, max, first_step, last_step,
+    first_time) as the text of a PostgreSQL array, one parameter a column.
+
+    Django's PostgreSQL cursor binds on the client: a list parameter is rendered element by element
+    (~25 µs a row of 11 values: ~50 ms for a batch's 2,000 blocks); a string is quoted once. The
+    elements as COPY writes them (``bulk.copy_text``): integers in decimal, a float as its ``repr``
+    (read back as the same double), a time in ISO 8601; a name between double quotes with its
+    backslashes and double quotes escaped (PostgreSQL's "Array Value Input")."""
+    names, widths, blocks, counts, totals, lows, highs, firsts, lasts, times = zip(*rows, strict=True)
+    # A batch has tens of names and one time an event, each in several rows: each written once.
+    quoted = {name: '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"' for name in set(names)}
+    stamps = {time: time.isoformat() for time in set(times)}
+
+    def array(items: Any) -> str:
+        return "{" + ",".join(items) + "}"
+
+    return [
+        array(map(quoted.__getitem__, names)),
+        *(array(map(str, column)) for column in (widths, blocks, counts)),
+        *(array(map(repr, map(float, column))) for column in (totals, lows, highs)),
+        *(array(map(str, column)) for column in (firsts, lasts)),
+        array(map(stamps.__getitem__, times)),
+    ]
 
 
 def rewind(run_id: int, step: int) -> None:

@@ -21,63 +21,69 @@ from django.db.models import Count, Max, Min, OuterRef, Subquery
 
 from webapp.analysis.models import MetricSummary
 
-# What ingest hands over: (run_id, name, step, value, time, seq, attempt), ``bulk.PointRow``.
-Point = tuple[Any, ...]
+# What ingest hands over: one metrics event's points, (run_id, step, time, seq, attempt, {name: value}),
+# ``bulk.PointGroup``.
+Group = tuple[Any, ...]
 
 MAX_ROWS_PER_STATEMENT = 500  # 7 parameters a row: well under SQLite's 32,766 and PostgreSQL's 65,535
 
 
-def _folded(points: Iterable[Point], stored: dict[str, int]) -> dict[tuple[int, str], list[Any]]:
-    """Per (run, name): [last, last_step, min, max, count, attempt of the last], points in seq order.
+def _folded(groups: Iterable[Group], stored: dict[str, int]) -> dict[str, list[Any]]:
+    """Per name: [last, last_step, min, max, count, attempt of the last], points in seq order.
 
     A metric an attempt logs twice at one step is stored once (its first value, ``bulk.py``'s
     ignore-conflicts); the repeat is recognised here as the same step and attempt as the metric's
     latest point, which is where an engine repeats one (one pass, no set of every point: this runs
     for every point ingested), or, across batches, as a step at or before the summary's stored
-    ``last_step`` (``stored``). A rewind's earlier steps are left to ``rebuild``."""
-    out: dict[tuple[int, str], list[Any]] = {}
-    for run_id, name, step, value, _time, _seq, attempt in points:
-        if step <= stored.get(name, -1):
-            continue
-        row = out.get((run_id, name))
-        if row is None:
-            out[run_id, name] = [value, step, value, value, 1, attempt]
-            continue
-        if step == row[1] and attempt == row[5]:
-            continue
-        if step >= row[1]:
-            row[0], row[1], row[5] = value, step, attempt
-        if value < row[2]:
-            row[2] = value
-        elif value > row[3]:
-            row[3] = value
-        row[4] += 1
+    ``last_step`` (``stored``). A rewind's earlier steps are left to ``rebuild``. The loop is over
+    the events and, inside, their values: no tuple a point (issue 19)."""
+    out: dict[str, list[Any]] = {}
+    get = out.get
+    for _run, step, _time, _seq, attempt, values in groups:
+        for name, value in values.items():
+            if stored and step <= stored.get(name, -1):
+                continue
+            row = get(name)
+            if row is None:
+                out[name] = [value, step, value, value, 1, attempt]
+                continue
+            if step == row[1] and attempt == row[5]:
+                continue
+            if step >= row[1]:
+                row[0], row[1], row[5] = value, step, attempt
+            if value < row[2]:
+                row[2] = value
+            elif value > row[3]:
+                row[3] = value
+            row[4] += 1
     return out
 
 
-def record(points: Sequence[Point], *, steps_to: int | None = None) -> None:
-    """Fold ``points`` (a batch as ingest stores them) into the summaries: one statement per
-    500 metric names of the batch (a batch of one run's steps has tens).
+def record(groups: Sequence[Group], *, steps_to: int | None = None) -> None:
+    """Fold ``groups`` (a batch's metrics events as ingest stores them, one run's) into the
+    summaries: one statement per 500 metric names of the batch (a batch of one run's steps has tens).
 
     ``steps_to``: a step no stored summary of the run is past (ingest passes the run's last step,
     which every counted point moved and a rewind lowers only after ``rebuild``). When every point
     is after it, no stored ``last_step`` can skip one, and reading them is saved (issue 19)."""
-    if not points:
+    groups = [group for group in groups if group[5]]
+    if not groups:
         return
-    run_ids = {point[0] for point in points}
+    run_ids = {group[0] for group in groups}
     assert len(run_ids) == 1, "a batch is one run's"
-    names = {point[1] for point in points}
-    if steps_to is not None and min(point[2] for point in points) > steps_to:
+    run_id = run_ids.pop()
+    if steps_to is not None and min(group[1] for group in groups) > steps_to:
         stored: dict[str, int] = {}
     else:
-        summaries = MetricSummary.objects.filter(run_id=run_ids.pop(), name__in=names)
+        names = {name for group in groups for name in group[5]}
+        summaries = MetricSummary.objects.filter(run_id=run_id, name__in=names)
         stored = dict(summaries.values_list("name", "last_step"))
-    folded = _folded(points, stored)
+    folded = _folded(groups, stored)
     if not folded:
         return
     table = connection.ops.quote_name(MetricSummary._meta.db_table)
     least, greatest = ("LEAST", "GREATEST") if connection.vendor == "postgresql" else ("MIN", "MAX")
-    rows = [(run_id, name, *values[:5]) for (run_id, name), values in folded.items()]
+    rows = [(run_id, name, *values[:5]) for name, values in folded.items()]
     merge = (
         "ON CONFLICT (run_id, name) DO UPDATE SET "
         "last = CASE WHEN excluded.last_step > s.last_step THEN excluded.last ELSE s.last END, "

@@ -44,7 +44,7 @@ from tributary.events import clean, clean_text
 from webapp.alerts import monitor
 from webapp.analysis import rollups, summaries
 from webapp.live import announce
-from webapp.runs.bulk import PointRow, insert_metric_points
+from webapp.runs.bulk import PointGroup, insert_point_groups
 from webapp.runs.choices import LogLevel, RunStatus
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, RunAttempt, Sample
 from webapp.runs.tokens import TokenRejected, check_holder
@@ -297,7 +297,11 @@ _NAMES: dict[str, str] = {}
 a batch of 500 events of 50 metrics checks 50 names, not 25,000. Shared by the web process's
 threads (a dict's get and set are atomic); cleared when it holds ``MAX_NAMES_KEPT``."""
 MAX_NAMES_KEPT = 10_000
+_CLEAN_NAMES: set[str] = set()
+"""The names of ``_NAMES`` stored as received (already clean, the usual case): a metrics event whose
+names are all here and whose values are all finite floats is taken as a whole (``_plain_values``)."""
 _isfinite = math.isfinite
+_FLOAT_ONLY = {float}
 
 
 def _check_event(seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
@@ -316,6 +320,9 @@ def _check_event(seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
         values = _require(seq, event, "values")
         if not isinstance(values, Mapping):
             raise InvalidEvent(seq, "values", "must be an object {name: number}")
+        if _plain_values(values):
+            out["values"] = dict(values)
+            return out
         clean_values: dict[str, float] = {}
         non_finite: list[str] = []
         for raw_name, value in values.items():
@@ -329,7 +336,10 @@ def _check_event(seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
                     )
                 if len(_NAMES) >= MAX_NAMES_KEPT:
                     _NAMES.clear()
+                    _CLEAN_NAMES.clear()
                 _NAMES[raw_name] = name
+                if name == raw_name:
+                    _CLEAN_NAMES.add(name)
             # The common case first: a finite float, as JSON decodes a number with a point.
             if type(value) is float and _isfinite(value):
                 clean_values[name] = value
@@ -362,6 +372,17 @@ def _check_event(seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
     else:  # heartbeat
         out["time"] = _time(seq, event)
     return out
+
+
+def _plain_values(values: Mapping[str, Any]) -> bool:
+    """Whether a metrics event's values are what the loop of ``_check_event`` would keep as they
+    are: every name one it found clean before (``_CLEAN_NAMES``), every value a float, and their
+    sum finite (so none is NaN or infinite; a sum that overflows only sends the event through
+    the loop). Checked by whole-dict operations, ~5 µs for 50 values instead of ~15 µs (issue 19)."""
+    if type(values) is not dict or not values or not values.keys() <= _CLEAN_NAMES:
+        return False
+    numbers = values.values()
+    return set(map(type, numbers)) == _FLOAT_ONLY and _isfinite(sum(numbers))
 
 
 def _sample(seq: int, where: str, item: object) -> dict[str, Any]:
@@ -481,7 +502,9 @@ def _store_or_quarantine(run: Run, fresh: list[dict[str, Any]]) -> list[dict[str
     except Exception as exc:
         if not is_poison(exc) or (len(fresh) == 1 and fresh[0].get("quarantined")):
             raise
-        log.warning("run %s: a batch of %d events was refused (%s); storing one by one", run.pk, len(fresh), exc)
+        log.warning(
+            "run %s: a batch of %d events was refused (%s); storing one by one", run.pk, len(fresh), exc
+        )
     out: list[dict[str, Any]] = []
     for event in fresh:
         run.refresh_from_db()  # the failed savepoint rolled back what _store had set on it
@@ -505,7 +528,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     now = timezone.now()
     attempt = run.attempt_number
     run_id = run.pk
-    points: list[PointRow] = []
+    groups: list[PointGroup] = []  # the metrics events' points, one group an event
     samples: list[Sample] = []
     checkpoints: list[Checkpoint] = []
     logs: list[LogLine] = []
@@ -519,7 +542,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
         owner = event.get(TAIL, attempt)  # the attempt whose engine wrote it
         if kind == "metrics":
             step, values, at = event["step"], event["values"], event["time"]
-            points.extend([(run_id, name, step, value, at, seq, owner) for name, value in values.items()])
+            groups.append((run_id, step, at, seq, owner, values))
             summary.update(values)
             last_step = max(last_step, step)
         elif kind == "samples":
@@ -556,11 +579,13 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
 
     # ignore_conflicts: a row already stored (the same event under an older cursor, or an
     # engine logging a metric twice in one step) keeps its first value.
-    insert_metric_points(points)
+    all_stored = insert_point_groups(groups)
     # The runs table's last/min/max per metric (webapp.analysis); no stored summary is past the
     # run's last step before this batch, so a batch after it needs no read of theirs.
-    summaries.record(points, steps_to=steps_before)
-    rollups.record(run.pk, points)  # the blocks long series are downsampled from (webapp.analysis)
+    summaries.record(groups, steps_to=steps_before)
+    # The blocks long series are downsampled from (webapp.analysis): from the batch's points when
+    # the database took them all, else from the rows it kept.
+    rollups.record(run.pk, groups, all_stored=all_stored)
     alert_state = monitor.observe(run, fresh)
     Sample.objects.bulk_create(samples, batch_size=500, ignore_conflicts=True)
     Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
@@ -639,4 +664,3 @@ def _apply_status(run: Run, state: str, message: str) -> str:
     run.transition(target, message=message)
     announce.status_changed(run.pk)  # registered before the batch's events: watchers hear it first
     return ""
-
