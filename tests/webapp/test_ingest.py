@@ -22,6 +22,7 @@ def ingest_events(run: Run, events: list[dict[str, Any]]) -> int:
     run.refresh_from_db()
     return stored.last_seq
 
+
 def stored(run: Run) -> dict[str, Any]:
     """Everything ingest writes for a run, comparable across calls."""
     run = Run.objects.get(pk=run.pk)
@@ -310,16 +311,21 @@ def test_the_bulk_insert_says_whether_the_database_took_every_point(claimed) -> 
     or twice in one call, is ignored (its first value kept) and makes it False."""
     from datetime import UTC, datetime
 
+    from webapp.runs.bulk import PointGroup as G
     from webapp.runs.bulk import insert_point_groups
 
     at = datetime.fromtimestamp(T0, tz=UTC)
     run = claimed.pk
     with transaction.atomic():
-        assert insert_point_groups([(run, 1, at, 1, 1, {"loss": 1.0, "acc": 0.5}), (run, 2, at, 2, 1, {})])
-        assert not insert_point_groups([(run, 1, at, 3, 1, {"loss": 9.0}), (run, 3, at, 3, 1, {"loss": 3.0})])
-        assert not insert_point_groups([(run, 4, at, 4, 1, {"loss": 4.0}), (run, 4, at, 5, 1, {"loss": 5.0})])
-        assert insert_point_groups([(run, 1, at, 6, 2, {"loss": 6.0})])  # another attempt's step 1
-        assert insert_point_groups([(run, 5, at, 7, 1, {})])  # nothing to store
+        assert insert_point_groups([G(run, 1, at, 1, 1, {"loss": 1.0, "acc": 0.5}), G(run, 2, at, 2, 1, {})])
+        assert not insert_point_groups(
+            [G(run, 1, at, 3, 1, {"loss": 9.0}), G(run, 3, at, 3, 1, {"loss": 3.0})]
+        )
+        assert not insert_point_groups(
+            [G(run, 4, at, 4, 1, {"loss": 4.0}), G(run, 4, at, 5, 1, {"loss": 5.0})]
+        )
+        assert insert_point_groups([G(run, 1, at, 6, 2, {"loss": 6.0})])  # another attempt's step 1
+        assert insert_point_groups([G(run, 5, at, 7, 1, {})])  # nothing to store
     got = sorted(MetricPoint.objects.filter(run=claimed).values_list("name", "step", "attempt", "value"))
     assert got == [
         ("acc", 1, 1, 0.5),
@@ -408,15 +414,27 @@ def test_it_makes_unstorable_text_storable_everywhere(claimed) -> None:
     ]
     assert ingest_events(claimed, events) == 6
     sample = Sample.objects.get(run=claimed)
-    assert (sample.prompt, sample.completion, sample.finish_reason) == ("Q\ufffd?", "4\ufffd\ufffd", "st\ufffdop")
+    assert (sample.prompt, sample.completion, sample.finish_reason) == (
+        "Q\ufffd?",
+        "4\ufffd\ufffd",
+        "st\ufffdop",
+    )
     assert sample.extra["answer\ufffd"] == ["4\ufffd", {"k\ufffd": "\ufffd"}]
-    assert 4 + _depth(sample.extra) - 1 == MAX_DEPTH  # extra is level 4 of the event: cut where the engine cuts
+    assert (
+        4 + _depth(sample.extra) - 1 == MAX_DEPTH
+    )  # extra is level 4 of the event: cut where the engine cuts
     assert DEPTH_MARK in json.dumps(sample.extra)
-    assert list(MetricPoint.objects.filter(run=claimed).values_list("name", flat=True)) == ["reward\ufffd/mean"]
+    assert list(MetricPoint.objects.filter(run=claimed).values_list("name", flat=True)) == [
+        "reward\ufffd/mean"
+    ]
     assert LogLine.objects.get(run=claimed, seq=4).message == "bad \ufffd text \ufffd"
     assert Checkpoint.objects.get(run=claimed).path == "ck\ufffdpt"
     run = Run.objects.get(pk=claimed.pk)
-    assert (run.status, run.status_message, run.summary) == (RunStatus.RUNNING, "step\ufffd 0", {"reward\ufffd/mean": 0.5})
+    assert (run.status, run.status_message, run.summary) == (
+        RunStatus.RUNNING,
+        "step\ufffd 0",
+        {"reward\ufffd/mean": 0.5},
+    )
 
 
 def test_the_engine_sink_never_writes_unstorable_text(tmp_path) -> None:
@@ -431,7 +449,10 @@ def test_the_engine_sink_never_writes_unstorable_text(tmp_path) -> None:
     sink.close()
     raw = log.read_bytes()
     assert b"\\u0000" not in raw and b"\x00" not in raw
-    lines = [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}")) for line in raw.splitlines()]
+    lines = [
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
+        for line in raw.splitlines()
+    ]
     item = lines[0]["items"][0]
     assert (item["completion"], item["reward"]) == ("a\ufffdb", None)
     assert DEPTH_MARK in json.dumps(item["extra"])

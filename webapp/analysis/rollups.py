@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
+
+if TYPE_CHECKING:
+    from webapp.runs.bulk import PointGroup
 
 WIDTHS = (16, 128, 1024, 8192, 65536, 524288)
 """Block widths in steps: powers of two, each ``RATIO`` times the one before. The finest sets
@@ -81,10 +84,6 @@ _FROM_POINTS = (
 )
 _FIELDS = "count, total, min, max, first_step, last_step, first_time"
 
-# What ingest hands over: one metrics event's points, (run_id, step, time, seq, attempt, {name: value}),
-# ``bulk.PointGroup``.
-Group = tuple[Any, ...]
-
 
 def _merge(vendor: str) -> str:
     """The upsert's conflict clause: a block stored already takes in the new one's points."""
@@ -98,20 +97,20 @@ def _merge(vendor: str) -> str:
     )
 
 
-def record(run_id: int, groups: Sequence[Group], *, all_stored: bool = False) -> None:
+def record(run_id: int, groups: Sequence[PointGroup], *, all_stored: bool = False) -> None:
     """Fold the points ingest just stored for run ``run_id`` (its metrics events as
     ``bulk.PointGroup``s) into the rollups: one statement, whatever the batch's size.
 
     ``all_stored``: the database took every point of ``groups`` (``bulk.insert_point_groups``), so
     they are exactly the rows stored with the batch's seqs and are aggregated here. Otherwise the
     points are read back by the batch's seqs (index (run, seq)): exactly the rows the database kept."""
-    groups = [group for group in groups if group[5]]
+    groups = [group for group in groups if group.values]
     if not groups:
         return
     if all_stored:
         _upsert(run_id, _blocks(groups))
         return
-    seqs = [group[3] for group in groups]
+    seqs = [group.seq for group in groups]
     w0 = WIDTHS[0]
     coarser = " UNION ALL ".join(
         f"SELECT name, {w} AS width, block / {w // w0} AS block, {_COMBINED} FROM fine "
@@ -133,7 +132,7 @@ def record(run_id: int, groups: Sequence[Group], *, all_stored: bool = False) ->
 Block = list[Any]  # [count, total, min, max, first_step, last_step, first_time]
 
 
-def _blocks(groups: Sequence[Group]) -> dict[tuple[int, int], dict[str, Block]]:
+def _blocks(groups: Sequence[PointGroup]) -> dict[tuple[int, int], dict[str, Block]]:
     """The blocks of every width that the points of ``groups`` fall in: {(width, block): {name:
     [count, total, min, max, first_step, last_step, first_time]}}, the same aggregates the SQL of
     ``_FROM_POINTS`` and ``_COMBINED`` computes (the sum of ``SCALED_VALUE``s, in another order).

@@ -14,21 +14,20 @@ Both run inside ingest's transaction, under the run's row lock.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection, connections
 from django.db.models import Count, Max, Min, OuterRef, Subquery
 
 from webapp.analysis.models import MetricSummary
 
-# What ingest hands over: one metrics event's points, (run_id, step, time, seq, attempt, {name: value}),
-# ``bulk.PointGroup``.
-Group = tuple[Any, ...]
+if TYPE_CHECKING:
+    from webapp.runs.bulk import PointGroup
 
 MAX_ROWS_PER_STATEMENT = 500  # 7 parameters a row: well under SQLite's 32,766 and PostgreSQL's 65,535
 
 
-def _folded(groups: Iterable[Group], stored: dict[str, int]) -> dict[str, list[Any]]:
+def _folded(groups: Iterable[PointGroup], stored: dict[str, int]) -> dict[str, list[Any]]:
     """Per name: [last, last_step, min, max, count, attempt of the last], points in seq order.
 
     A metric an attempt logs twice at one step is stored once (its first value, ``bulk.py``'s
@@ -59,23 +58,23 @@ def _folded(groups: Iterable[Group], stored: dict[str, int]) -> dict[str, list[A
     return out
 
 
-def record(groups: Sequence[Group], *, steps_to: int | None = None) -> None:
+def record(groups: Sequence[PointGroup], *, steps_to: int | None = None) -> None:
     """Fold ``groups`` (a batch's metrics events as ingest stores them, one run's) into the
     summaries: one statement per 500 metric names of the batch (a batch of one run's steps has tens).
 
     ``steps_to``: a step no stored summary of the run is past (ingest passes the run's last step,
     which every counted point moved and a rewind lowers only after ``rebuild``). When every point
     is after it, no stored ``last_step`` can skip one, and reading them is saved (issue 19)."""
-    groups = [group for group in groups if group[5]]
+    groups = [group for group in groups if group.values]
     if not groups:
         return
-    run_ids = {group[0] for group in groups}
+    run_ids = {group.run_id for group in groups}
     assert len(run_ids) == 1, "a batch is one run's"
     run_id = run_ids.pop()
-    if steps_to is not None and min(group[1] for group in groups) > steps_to:
+    if steps_to is not None and min(group.step for group in groups) > steps_to:
         stored: dict[str, int] = {}
     else:
-        names = {name for group in groups for name in group[5]}
+        names = {name for group in groups for name in group.values}
         summaries = MetricSummary.objects.filter(run_id=run_id, name__in=names)
         stored = dict(summaries.values_list("name", "last_step"))
     folded = _folded(groups, stored)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connection, transaction
 
@@ -39,8 +39,18 @@ from webapp.runs.models import MetricPoint
 
 # (run_id, name, step, value, time, seq, attempt)
 PointRow = tuple[int, str, int, float, datetime, int, int]
-# One metrics event's points: (run_id, step, time, seq, attempt, {name: value})
-PointGroup = tuple[int, int, datetime, int, int, Mapping[str, float]]
+
+
+class PointGroup(NamedTuple):
+    """One metrics event's points, as ingest hands them to the insert, the summaries and the rollups."""
+
+    run_id: int
+    step: int
+    time: datetime
+    seq: int
+    attempt: int
+    values: Mapping[str, float]  # {name: value}
+
 
 _COLUMNS = "run_id, name, step, value, time, seq, attempt, superseded"
 _COPY_COLUMNS = "run_id, step, time, seq, attempt, superseded, name, value"  # copy_text's order
@@ -51,14 +61,17 @@ def insert_metric_points(rows: Sequence[PointRow]) -> bool:
     """Insert ``rows`` (any runs'), a point already stored keeping its first value; whether every
     row was inserted. Each row is a group of one (``insert_point_groups``)."""
     return insert_point_groups(
-        [(run, step, time, seq, att, {name: value}) for run, name, step, value, time, seq, att in rows]
+        [
+            PointGroup(run, step, time, seq, att, {name: value})
+            for run, name, step, value, time, seq, att in rows
+        ]
     )
 
 
 def insert_point_groups(groups: Sequence[PointGroup]) -> bool:
     """Insert the points of ``groups``, a point already stored (or twice in them) keeping its first
     value; return whether every point was inserted (False: some were ignored as stored already)."""
-    if not any(group[5] for group in groups):
+    if not any(group.values for group in groups):
         return True
     table = connection.ops.quote_name(MetricPoint._meta.db_table)
     if connection.vendor == "postgresql":

@@ -542,7 +542,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
         owner = event.get(TAIL, attempt)  # the attempt whose engine wrote it
         if kind == "metrics":
             step, values, at = event["step"], event["values"], event["time"]
-            groups.append((run_id, step, at, seq, owner, values))
+            groups.append(PointGroup(run_id, step, at, seq, owner, values))
             summary.update(values)
             last_step = max(last_step, step)
         elif kind == "samples":
