@@ -17,10 +17,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.browser import NARROW, WIDE, Site, running_site, screenshot, signed_in_page
+from tests.e2e.browser import NARROW, WIDE, Site, no_errors, running_site, screenshot, signed_in_page
 from tests.e2e.harness import WAIT
 from tests.e2e.test_browser_run_live import EngineLog
 from tests.tiny_runs import tiny_config
@@ -194,3 +195,62 @@ def test_an_open_run_page_sees_a_resume_continue_the_run_and_a_rewind_branch_it(
             context.close()
     for console in consoles:
         assert not console.real(), "errors in the browser console:\n" + "\n".join(console.real())
+
+
+def test_a_header_read_landing_while_an_action_is_out_leaves_the_header_to_the_action(
+    site: Site, browser: Any, tmp_path: Path
+) -> None:
+    """A status change heard while the user clicks Resume. The page reads its header again after
+    the change (run.js's refresh) while the Resume form's post is out; when that read lands first,
+    it must not replace the header under the form: htmx would swap the form's answer into the
+    detached header, report its out-of-band parts (the attempts list, the checkpoint count) as
+    htmx:oobErrorNoTarget and never show it (a CI run of the resume test above met this race).
+    Both answers are held here and let go in that order, so the race happens every time."""
+    d = site.deployment
+    config = tiny_config(Path("unused"), total_steps=TOTAL_STEPS, name="raced")
+    run_id = d.api("POST", f"/projects/{site.project}/runs", {"config": config, "name": "raced"})["id"]
+    context, page, console = signed_in_page(browser, site, "e2e", WIDE, f"/runs/{run_id}/")
+    try:
+        page.wait_for_selector("body[data-history-loaded]")
+        ship_attempt(site, run_id, EngineLog(tmp_path / "events.jsonl", run_id), attempt(1, 10, (10,)))
+        page.wait_for_selector("#run-header[data-status=cancelled] #resume-button", timeout=STAGE_MS)
+
+        is_read = lambda url: urlsplit(url).path == f"/runs/{run_id}/header/"  # noqa: E731
+        is_post = lambda url: urlsplit(url).path == f"/runs/{run_id}/resume/"  # noqa: E731
+        reads: list[Any] = []
+        posts: list[Any] = []
+        page.route(is_read, lambda route: route.continue_() if reads else reads.append(route))
+        page.route(is_post, lambda route: posts.append(route))
+        # Resumed through the API: the page hears the run queued and reads its header (held).
+        with page.expect_request(lambda r: is_read(r.url), timeout=STAGE_MS):
+            d.api("POST", f"/runs/{run_id}/resume", {})
+        while not reads:  # the route's handler runs beside the request event
+            page.wait_for_timeout(20)
+        # Its header not read yet, the page still offers Resume: the user clicks it (post held).
+        page.click("#resume-button")
+        while not posts:
+            page.wait_for_timeout(20)
+        with page.expect_response(lambda r: is_read(r.url), timeout=STAGE_MS) as read:
+            reads[0].continue_()
+        read.value.finished()  # the read's answer is in the page before the post's leaves
+        # The post's answer taken in: its form's htmx:afterRequest or, had the form been detached
+        # under it, the errors its out-of-band parts met (that request's events reach no listener).
+        page.evaluate(
+            """() => {
+                 const answered = () => { window.resumeAnswered = true; };
+                 document.addEventListener("htmx:afterRequest", (e) => {
+                   if (e.detail.requestConfig.path.endsWith("/resume/")) answered(); });
+                 document.addEventListener("htmx:oobErrorNoTarget", answered);
+               }"""
+        )
+        posts[0].continue_()
+        page.wait_for_function("() => window.resumeAnswered === true", timeout=STAGE_MS)
+
+        # The post's answer (the run is queued: nothing to resume) lands in the live header, then
+        # the header is read again: the run queued, its second attempt listed, Cancel offered.
+        page.wait_for_selector("#run-header[data-status=queued] #cancel-button", timeout=STAGE_MS)
+        page.wait_for_selector("#run-attempts[data-count='2']", timeout=STAGE_MS)
+        assert len(reads) == 1 and len(posts) == 1
+    finally:
+        context.close()
+    no_errors(console)

@@ -57,6 +57,7 @@ function header(data, grid) {
   // One read at a time; changes heard meanwhile make one more read after it, so the last swap
   // always shows the run as it was after the last change.
   let reading = false, again = false, afterAction = false;
+  const acting = () => document.querySelector("#run-header .htmx-request") !== null;
   const writeStep = () => {
     const stepEl = $("run-step");
     if (stepEl) { stepEl.textContent = String(run.last_step); stepEl.dataset.step = String(run.last_step); }
@@ -83,24 +84,35 @@ function header(data, grid) {
       this.tick();
       return differs;
     },
-    // Read the header as the run is now and swap it in.
+    // Read the header as the run is now and swap it in. An action of the header (Cancel, Resume,
+    // a rename) on its way answers with the fresh header, swapped where its form is: replacing the
+    // header under it would send that answer into the detached copy (htmx then reports its
+    // out-of-band parts, the attempts list and the checkpoint count, as htmx:oobErrorNoTarget and
+    // the page never shows it). So no read starts while an action is out, and a read that lands
+    // while one is out is dropped; either way the header is read again once the action's answer
+    // has settled. Fetched here and swapped with htmx.swap, so that check and the swap are one step.
     async refresh() {
       if (reading) { again = true; return; }
-      // An action of the header (Cancel, Resume) is on its way: its answer is the fresh header, to
-      // be swapped where the form is; replacing the form first would leave that answer nowhere to
-      // go. Read again once it has landed.
-      if (document.querySelector("#run-header .htmx-request")) { afterAction = true; return; }
+      if (acting()) { afterAction = true; return; }
       reading = true;
       try {
         do {
           again = false;
           const el = $("run-header");
           if (!el || !window.htmx) return;
+          let html;
           try {
-            await window.htmx.ajax("GET", el.dataset.refresh, { target: el, swap: "outerHTML" });
+            const res = await fetch(el.dataset.refresh, {
+              credentials: "same-origin", headers: { "HX-Request": "true" },
+            });
+            if (!res.ok) return; // signed out or gone; the next status change tries again
+            html = await res.text();
           } catch (err) {
-            return; // offline or refused (htmx reports it); the next status change tries again
+            return; // offline; the next status change tries again
           }
+          if (acting()) { afterAction = true; return; }
+          const current = $("run-header");
+          if (current) window.htmx.swap(current, html, { swapStyle: "outerHTML" });
         } while (again);
       } finally {
         reading = false;
