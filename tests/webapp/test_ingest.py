@@ -186,9 +186,29 @@ def test_values_under_names_seen_before_are_still_checked(claimed, value: Any, k
         return
     assert errors == [] and points.pop("acc") == 1.7e308
     assert points == ({} if kept is None else {"loss": kept})
-    assert float(run.summary["loss"]) == (1.0 if kept is None else kept)  # jsonb reads 1.7e308 as an int
-    if type(value) is int:  # stored as the float it was checked into (jsonb keeps "7.0")
-        assert type(run.summary["loss"]) is float
+    # Read back as the doubles they were checked into: an int as 7.0, and 1.7e308, which jsonb
+    # prints as 309 digits, as 1.7e308 (``models.DoublesDecoder``).
+    assert run.summary["loss"] == (1.0 if kept is None else kept) and type(run.summary["loss"]) is float
+    assert run.summary["acc"] == 1.7e308 and type(run.summary["acc"]) is float
+
+
+def test_a_summary_reads_back_every_double_as_sent(claimed) -> None:
+    """jsonb keeps numbers as ``numeric`` and prints them without an exponent (1e16 as
+    ``10000000000000000``): read with ``json`` alone, the summary's large doubles came back as
+    integers on PostgreSQL, and the API answered them so. Bit for bit, on both databases."""
+    values = {
+        "a": 1e16,
+        "b": -1e20,
+        "c": 1.7976931348623157e308,
+        "d": 2.5e-300,
+        "e": 0.1 + 0.2,
+        "f": 1e16 + 2,
+    }
+    ingest_events(claimed, [metrics(1, 1, **values)])
+    summary = Run.objects.get(pk=claimed.pk).summary
+    assert {k: (type(v), v.hex()) for k, v in summary.items()} == {
+        k: (float, v.hex()) for k, v in values.items()
+    }
 
 
 def test_an_invalid_event_is_a_value_error_naming_seq_and_field() -> None:

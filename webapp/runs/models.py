@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 from typing import Any
 
@@ -11,6 +12,19 @@ from django.utils import timezone
 
 from webapp.runs.choices import FINAL_STATUSES, TRANSITIONS, LogLevel, ParentKind, RunOrigin, RunStatus
 from webapp.teams.models import Project, Team
+
+
+class DoublesDecoder(json.JSONDecoder):
+    """Reads a JSON document whose every number is a double (a run's summary: the last value of
+    each metric, stored as the float ingest checked it into).
+
+    PostgreSQL's jsonb keeps a number as ``numeric`` and prints it without an exponent: 1.7e308 comes
+    back as 309 digits and 1e16 as ``10000000000000000``, which ``json`` reads as integers (the API
+    then answered an integer, the CSV a 309-digit one). Every integer literal here is such a double."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["parse_int"] = float
+        super().__init__(*args, **kwargs)
 
 
 class InvalidTransition(Exception):
@@ -110,7 +124,9 @@ class Run(models.Model):
     parent_kind = models.CharField(max_length=16, choices=ParentKind.choices, blank=True)
 
     last_step = models.IntegerField(default=0)
-    summary = models.JSONField(default=dict, blank=True, help_text="Last value of each metric.")
+    summary = models.JSONField(
+        default=dict, blank=True, decoder=DoublesDecoder, help_text="Last value of each metric."
+    )
     last_seq = models.BigIntegerField(default=0, help_text="Ingest cursor: highest event seq stored.")
     # The engine's output (engine.log, webapp.runs.output): a byte cursor of its own, per stream.
     output_stream = models.CharField(
