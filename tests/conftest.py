@@ -3,18 +3,13 @@
 - ``TRIBUTARY_DATA_DIR`` points at ``<repo>/.cache/test-data`` for the whole session (unless
   already set), so the starter policy is built once and reused by later test runs.
 - ``tiny_model_dir``: a tiny Qwen2 model + tokenizer built locally by ``make_model``.
-- ``@pytest.mark.starter("task", ...)``: the test needs those built-in tasks' starter policies
-  (minutes of SFT on one core when the data directory has none). A session that collects such a
-  test starts building them at once in a process of its own, on the core the tests leave idle or
-  beside the other xdist worker, and runs their files last, so that nobody waits for the build.
+- ``@pytest.mark.starter("task", ...)`` is ``tests/starters.py``'s; the xdist workers' Redis
+  databases and threads are ``tests/workers.py``'s (both loaded with ``-p``, pyproject's addopts).
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -68,52 +63,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-    # Files with a test that needs a starter policy go last (whole files: xdist's --dist loadfile
-    # schedules a file where its first test is), so the build started below is done by then.
-    needs = {item.path for item in items if item.get_closest_marker("starter")}
-    items.sort(key=lambda item: item.path in needs)  # stable: the order inside each part is kept
-
-
-_STARTER_BUILD: subprocess.Popen[bytes] | None = None
-
-
-@pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start building the starter policies the session's ``starter``-marked tests need, unless
-    built already. One process builds (xdist's first worker, or the only pytest); the tests that
-    get there first wait for it on the build's file lock (``engine.models.starter``), and a
-    failed build is rebuilt by them with its error in the test's report. Its output is in
-    ``starter-build.log`` in the data directory."""
-    global _STARTER_BUILD
-    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or session.config.option.collectonly:
-        return
-    tasks = sorted({t for item in session.items for m in item.iter_markers("starter") for t in m.args})
-    if not tasks:
-        return
-    from engine.models.starter import starter_path
-
-    missing = [t for t in tasks if not (starter_path(t, 1) / "starter.json").exists()]
-    if not missing:
-        return
-    data = Path(os.environ["TRIBUTARY_DATA_DIR"])
-    data.mkdir(parents=True, exist_ok=True)
-    code = "import sys\nfrom engine.models import starter_policy\nfor t in sys.argv[1:]:\n    starter_policy(t, 1)\n"
-    with (data / "starter-build.log").open("ab") as log:
-        _STARTER_BUILD = subprocess.Popen(
-            [sys.executable, "-c", code, *missing],
-            cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A session that ends before its starter tests (``-x``, an interrupt) stops the build: on
-    SIGINT it removes its temporary directory (``engine.models.starter._cached_build``)."""
-    if _STARTER_BUILD is not None and _STARTER_BUILD.poll() is None:
-        _STARTER_BUILD.send_signal(signal.SIGINT)
-        try:
-            _STARTER_BUILD.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            _STARTER_BUILD.kill()
