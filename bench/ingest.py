@@ -6,8 +6,19 @@ backlog; ``--window 1``: the stop-and-wait of before) over the ingest socket of 
 serving ``webapp.asgi`` on PostgreSQL with the Redis channel layer (store, ack, broadcast
 to the run's group with one subscriber). The reference writes the same rows into the same
 table with psycopg ``COPY`` in one transaction (the physical floor for getting them into
-PostgreSQL). Printed: points/s of each, the ratio (target >= 0.9, issue 19; 0.5 before) and
-the web app's CPU time while shipping (the least load-dependent figure on a shared machine).
+PostgreSQL). ``--rounds N`` (3; 2 with ``--quick``) rounds, each a fresh log shipped into a fresh
+run and the same rows copied into another, alternating which goes first (odd rounds COPY, even
+rounds the path) so that a slow period of the shared machine falls on both. Printed per round:
+seconds of each, the ratio COPY s / path s, and CPU time (utime + stime from /proc), the least
+load-dependent figure: the web app's process and its PostgreSQL backends while shipping (those of
+``pg_stat_activity`` on the bench database whose client port is one of the web app's sockets,
+sampled every 0.2 s: one that appears counts all its CPU, one that goes up to its last sample),
+COPY's client (the bench thread, connect to commit) and its backend (``pg_backend_pid``), the
+CPU ratio (COPY client + backend) / (web app + its backends): what the path costs the machine
+against the floor, and the shipper's CPU (the bench process, not in the ratio). Then the median
+ratio and the worst round's (target >= 0.9 on both, issue 19; 0.5 before), the median CPU
+figures, the cores busy on average (CPU / wall: ~1 is a serial pipeline) and the web app's
+backends (how many; appeared or went inside a round). Every round's stored point count is checked.
 
 Latency: ``--subscribers`` browser sockets follow one run through a share link; the engine
 side emits ``--latency-events`` metrics events at 20 Hz into the log the shipper tails. For
@@ -33,7 +44,8 @@ does). ``--ab N`` alternates ``--ab-modes`` N times on one web app (the same loa
 the median and range of each mode's p50 and p99.
 
     .venv/bin/python bench/ingest.py            # 2000 x 50 = 100k points, 50 subscribers
-    .venv/bin/python bench/ingest.py --quick    # 300 x 50, 10 subscribers
+    .venv/bin/python bench/ingest.py --quick    # 300 x 50, 2 rounds, 10 subscribers
+    .venv/bin/python bench/ingest.py --rounds 5 # 5 alternated throughput rounds
     .venv/bin/python bench/ingest.py --latency-only --ab 3   # fixed vs adaptive poll, 3 rounds
     .venv/bin/python bench/ingest.py --window 1              # the stop-and-wait shipper of before
 
@@ -103,8 +115,7 @@ def make_runs(n: int) -> list[Any]:
     # Running, as a run whose worker ships its events is: a queued one has no queue message
     # here, and the web app's reconciler would send it one (to a queue no worker reads).
     return [
-        Run.objects.create(project=project, name=f"bench-{i}", status=RunStatus.RUNNING)
-        for i in range(n)
+        Run.objects.create(project=project, name=f"bench-{i}", status=RunStatus.RUNNING) for i in range(n)
     ]
 
 
@@ -148,7 +159,10 @@ def ship(web_url: str, run_id: int, path: Path, window: int) -> float:
     return time.perf_counter() - t0
 
 
-def copy_reference(run_id: int, steps: int, n_metrics: int) -> float:
+def copy_reference(run_id: int, steps: int, n_metrics: int) -> dict[str, float]:
+    """The same rows by psycopg ``COPY`` in one transaction: seconds (connect to commit), the
+    client's CPU over them (this thread: building the rows is before) and its backend's CPU
+    (``/proc/<backend pid>/stat`` from just after connect to just before close; nan if unreadable)."""
     import psycopg
 
     names = [f"bench/metric_{i:02d}" for i in range(n_metrics)]
@@ -158,8 +172,10 @@ def copy_reference(run_id: int, steps: int, n_metrics: int) -> float:
         for step in range(1, steps + 1)
         for i, name in enumerate(names)
     ]
-    t0 = time.perf_counter()
+    t0, client0 = time.perf_counter(), time.thread_time()
     with psycopg.connect(f"{PG_SERVER}/{BENCH_DB}") as conn:
+        backend = conn.info.backend_pid
+        backend0 = proc_stat(backend)
         with (
             conn.cursor() as cur,
             cur.copy(
@@ -169,7 +185,120 @@ def copy_reference(run_id: int, steps: int, n_metrics: int) -> float:
             for row in rows:
                 copy.write_row(row)
         conn.commit()
-    return time.perf_counter() - t0
+        backend1 = proc_stat(backend)
+    seconds, client_cpu = time.perf_counter() - t0, time.thread_time() - client0
+    backend_cpu = backend1[1] - backend0[1] if backend0 and backend1 else float("nan")
+    return {"s": seconds, "client_cpu": client_cpu, "backend_cpu": backend_cpu}
+
+
+def throughput_round(
+    k: int,
+    args: argparse.Namespace,
+    web: subprocess.Popen[bytes],
+    web_url: str,
+    shipped: Any,
+    copied: Any,
+    workdir: Path,
+) -> dict[str, Any]:
+    """Round ``k`` (from 0) of the throughput part: a fresh log shipped into ``shipped`` through
+    the product, and the same rows by ``COPY`` into ``copied``; even rounds COPY first, odd rounds
+    the path first, so a slow period of the machine falls on both. The web app's backends are
+    sampled during both parts alike (the sampler's load on the machine is the same for each)."""
+    from webapp.runs.models import MetricPoint
+
+    log = workdir / f"events-{shipped.pk}.jsonl"
+    points = write_log(log, shipped.pk, args.steps, args.metrics)
+    order = ("copy", "path") if k % 2 == 0 else ("path", "copy")
+    result: dict[str, Any] = {"round": k + 1, "first": order[0], "points": points}
+    for part in order:
+        with BackendCPU(web.pid) as backends:
+            web0, bench0 = process_cpu_s(web.pid), time.process_time()
+            if part == "copy":
+                result |= {
+                    f"copy_{key}": value
+                    for key, value in copy_reference(copied.pk, args.steps, args.metrics).items()
+                }
+            else:
+                result["path_s"] = ship(web_url, shipped.pk, log, args.window)
+            web_cpu, bench_cpu = process_cpu_s(web.pid) - web0, time.process_time() - bench0
+        backends.conn.close()
+        if part == "path":
+            # The bench process while shipping: the shipper's thread (the worker's side), the main
+            # thread waiting for it, less the sampler's thread.
+            result |= {
+                "web_cpu": web_cpu,
+                "web_backend_cpu": backends.cpu,
+                "shipper_cpu": bench_cpu - backends.sampler_cpu,
+            }
+            result |= {"backends": backends.backends, "appeared": backends.appeared, "gone": backends.gone}
+        else:
+            result |= {"idle_web_cpu": web_cpu + backends.cpu}  # the web app during COPY: ~0
+    for run in (shipped, copied):
+        stored = MetricPoint.objects.filter(run=run).count()
+        if stored != points:
+            raise SystemExit(f"round {k + 1}: stored {stored} of {points} points in run {run.pk}")
+    result["ratio"] = result["copy_s"] / result["path_s"]
+    result["copy_cpu"] = result["copy_client_cpu"] + result["copy_backend_cpu"]
+    result["path_cpu"] = result["web_cpu"] + result["web_backend_cpu"]
+    result["cpu_ratio"] = result["copy_cpu"] / result["path_cpu"]
+    return result
+
+
+def report_throughput(args: argparse.Namespace, rounds: list[dict[str, Any]]) -> None:
+    points = rounds[0]["points"]
+    print(
+        f"ingest: {args.steps} metrics events x {args.metrics} values = {points:,} points a round, "
+        f"{len(rounds)} rounds (odd rounds COPY first, even rounds the path first); CPU in s"
+    )
+    print(
+        f"{'round':>5} {'first':>5} {'path s':>7} {'COPY s':>7} {'ratio':>6} | {'web app':>7} {'its PG':>7} "
+        f"{'= path':>7} | {'COPY cl':>7} {'its PG':>7} {'= COPY':>7} | {'CPU ratio':>9} | {'shipper':>7}"
+    )
+    for r in rounds:
+        print(
+            f"{r['round']:5d} {'COPY' if r['first'] == 'copy' else 'path':>5} {r['path_s']:7.2f} {r['copy_s']:7.2f} "
+            f"{r['ratio']:6.2f} | {r['web_cpu']:7.2f} {r['web_backend_cpu']:7.2f} {r['path_cpu']:7.2f} | "
+            f"{r['copy_client_cpu']:7.2f} {r['copy_backend_cpu']:7.2f} {r['copy_cpu']:7.2f} | "
+            f"{r['cpu_ratio']:9.2f} | {r['shipper_cpu']:7.2f}"
+        )
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rounds)
+
+    worst = min(rounds, key=lambda r: r["ratio"])
+    print(
+        f"median: path {med('path_s'):.2f} s ({points / med('path_s'):,.0f} points/s), "
+        f"COPY {med('copy_s'):.2f} s ({points / med('copy_s'):,.0f} points/s)"
+    )
+    print(
+        f"ratio path/COPY: median {med('ratio'):.2f}, worst round {worst['ratio']:.2f} (round {worst['round']}) "
+        f"(target >= 0.90 on both, issue 19)"
+    )
+    # CPU time is what the load of a shared machine changes least: what the path costs the
+    # machine (web app + its PostgreSQL backends) against the floor (COPY's client + backend).
+    print(
+        f"CPU ratio (COPY client + backend) / (web app + its backends): median {med('cpu_ratio'):.2f}, "
+        f"worst round {min(r['cpu_ratio'] for r in rounds):.2f}"
+    )
+    print(
+        f"web app CPU while shipping: median {med('web_cpu'):.2f} s ({med('web_cpu') / points * 1e6:.1f} µs a point), "
+        f"its backends {med('web_backend_cpu'):.2f} s; COPY client {med('copy_client_cpu'):.2f} s, "
+        f"its backend {med('copy_backend_cpu'):.2f} s; shipper (bench process, not in the ratio) "
+        f"{med('shipper_cpu'):.2f} s"
+    )
+    # Cores busy on average: about 1.0 means the parts took turns (a serial pipeline), 2.0 both cores.
+    path_busy = statistics.median((r["path_cpu"] + r["shipper_cpu"]) / r["path_s"] for r in rounds)
+    copy_busy = statistics.median(r["copy_cpu"] / r["copy_s"] for r in rounds)
+    print(
+        f"cores busy (CPU / wall, median): path (web app + its backends + shipper) {path_busy:.2f}, "
+        f"COPY (client + backend) {copy_busy:.2f}"
+    )
+    print(
+        f"web app's backends while shipping: {max(r['backends'] for r in rounds)} at most, "
+        f"{sum(r['appeared'] for r in rounds)} appeared and {sum(r['gone'] for r in rounds)} went "
+        f"inside a round (over all rounds); web app + its backends during COPY: "
+        f"{max(r['idle_web_cpu'] for r in rounds):.2f} s at most"
+    )
 
 
 class Subscribers:
@@ -282,22 +411,113 @@ class ShipperClock:
         return next((t for t, upto in self.acks if upto >= seq), None)
 
 
+def proc_stat(pid: int, task: str = "") -> tuple[int, float] | None:
+    """(start time in clock ticks, utime + stime in seconds) of a process or, with ``task``, of
+    one of its threads (Linux; /proc/<pid>/stat is world-readable, so PostgreSQL's backends, of
+    another user, too); None where there is no such process or no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}{task and f'/task/{task}'}/stat").read_text()
+        fields = stat.rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_cpu_s(pid: int) -> float:
     """utime + stime of a process (Linux), in seconds; 0.0 elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    stat = proc_stat(pid)
+    return stat[1] if stat else 0.0
 
 
 def thread_cpu_s(native_id: int | None) -> float:
     """utime + stime of one of this process's threads (Linux), in seconds; 0.0 elsewhere."""
+    stat = proc_stat(os.getpid(), str(native_id))
+    return stat[1] if stat else 0.0
+
+
+def tcp_ports(pid: int) -> set[int]:
+    """The local ports of a process's TCP sockets (Linux: its fds' socket inodes in its
+    /proc/<pid>/net/tcp and tcp6)."""
+    inodes = set()
     try:
-        fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return set()  # no such process (any more)
+    for fd in fds:
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+class BackendCPU:
+    """CPU (utime + stime) of the PostgreSQL backends serving one process (the web app) on the
+    bench database over a span: ``pg_stat_activity`` lists the database's client backends, those
+    whose ``client_port`` is one of the process's own TCP sockets are its (the bench's own
+    connections never are), ``/proc/<pid>/stat`` gives their CPU. Sampled when the span opens,
+    every ``interval`` s in a thread, and when it closes, each backend keyed by pid and start
+    time (a reused pid is another backend). A backend that appears inside the span counts all
+    its CPU (it began there: its start-up is the span's cost); one that goes counts up to its
+    last sample (at most ``interval`` s of one core missed for each: ``gone`` says how many).
+    The web app pools its connections, so normally the same few backends open and close it."""
+
+    def __init__(self, client_pid: int, interval: float = 0.2) -> None:
+        import psycopg
+
+        self.client_pid, self.interval = client_pid, interval
+        self.conn = psycopg.connect(f"{PG_SERVER}/{BENCH_DB}", autocommit=True)
+        self.theirs: dict[tuple[int, int], bool] = {}  # (backend pid, client port) -> the process's
+
+    def sample(self) -> dict[tuple[int, int], float]:
+        rows = self.conn.execute(
+            "SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchall()
+        if new := {row for row in rows if row not in self.theirs}:  # reading /proc/net/tcp takes ms
+            ports = tcp_ports(self.client_pid)
+            self.theirs |= {(pid, port): port in ports for pid, port in new}
+        found = {}
+        for pid, port in rows:
+            if self.theirs[(pid, port)] and (stat := proc_stat(pid)):
+                found[(pid, stat[0])] = stat[1]
+        return found
+
+    def __enter__(self) -> BackendCPU:
+        self.first = self.sample()
+        self.last = dict(self.first)
+        self.sampler_cpu = 0.0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            self.last.update(self.sample())
+        self.sampler_cpu = time.thread_time()  # this thread's CPU, for the bench process's figure
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        final = self.sample()
+        self.last.update(final)
+        self.cpu = sum(cpu - self.first.get(key, 0.0) for key, cpu in self.last.items())
+        self.backends = len(self.last)
+        self.appeared = len(self.last.keys() - self.first.keys())
+        self.gone = len(self.last.keys() - final.keys())
 
 
 POLL_MODES = {
@@ -436,15 +656,24 @@ def main() -> None:
     parser.add_argument("--metrics", type=int, default=50)
     parser.add_argument("--subscribers", type=int, default=50)
     parser.add_argument("--latency-events", type=int, default=200)
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="throughput rounds, alternated (3; 2 with --quick)"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput part")
     parser.add_argument("--poll", choices=sorted(POLL_MODES), default="adaptive")
     parser.add_argument("--ab", type=int, default=0, help="rounds of --ab-modes, alternated")
     parser.add_argument("--ab-modes", default="fixed,adaptive")
-    parser.add_argument("--window", type=int, default=2, help="batches the shipper keeps out (1: stop-and-wait)")
+    parser.add_argument(
+        "--window", type=int, default=2, help="batches the shipper keeps out (1: stop-and-wait)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.steps, args.subscribers, args.latency_events = 300, 10, 50
+    if args.rounds is None:
+        args.rounds = 2 if args.quick else 3
+    if args.rounds < 1:
+        raise SystemExit("--rounds: at least 1")
 
     workdir = Path(tempfile.mkdtemp(prefix="tributary-bench-"))
     env = {
@@ -460,7 +689,9 @@ def main() -> None:
     if unknown := set(modes) - set(POLL_MODES):
         raise SystemExit(f"--ab-modes: unknown {sorted(unknown)}; choose from {sorted(POLL_MODES)}")
     rounds = [mode for _ in range(max(1, args.ab)) for mode in modes]
-    shipped_run, copied_run, copied_again, floor_run, *latency_runs = make_runs(4 + len(rounds))
+    n_pairs = 0 if args.latency_only else args.rounds
+    floor_run, *runs = make_runs(1 + 2 * n_pairs + len(rounds))
+    pair_runs, latency_runs = runs[: 2 * n_pairs], runs[2 * n_pairs :]
     port = free_port()
     web_url = f"http://127.0.0.1:{port}"
     web = start_web(env, port)
@@ -474,22 +705,16 @@ def main() -> None:
         if args.latency_only:
             for mode, run in zip(rounds, latency_runs, strict=True):
                 results.append(
-                    latency(web_url, port, run, workdir, args.subscribers, args.latency_events, mode, args.window)
+                    latency(
+                        web_url, port, run, workdir, args.subscribers, args.latency_events, mode, args.window
+                    )
                 )
                 report_latency(args, results[-1])
             return
-        points = write_log(workdir / "events.jsonl", shipped_run.pk, args.steps, args.metrics)
-        copy_s = copy_reference(copied_run.pk, args.steps, args.metrics)
-        web_cpu = process_cpu_s(web.pid)
-        path_s = ship(web_url, shipped_run.pk, workdir / "events.jsonl", args.window)
-        web_cpu = process_cpu_s(web.pid) - web_cpu
-        copy_s = (copy_s + copy_reference(copied_again.pk, args.steps, args.metrics)) / 2
-
-        from webapp.runs.models import MetricPoint
-
-        stored = MetricPoint.objects.filter(run=shipped_run).count()
-        if stored != points:
-            raise SystemExit(f"stored {stored} of {points} points")
+        throughput = [
+            throughput_round(k, args, web, web_url, shipped, copied, workdir)
+            for k, (shipped, copied) in enumerate(zip(pair_runs[::2], pair_runs[1::2], strict=True))
+        ]
         for mode, run in zip(rounds, latency_runs, strict=True):
             results.append(
                 latency(web_url, port, run, workdir, args.subscribers, args.latency_events, mode, args.window)
@@ -500,13 +725,7 @@ def main() -> None:
         if len(results) > 1:
             summarize(results)
 
-    print(f"ingest: {args.steps} metrics events x {args.metrics} values = {points:,} points")
-    print(f"{'path':<52} {'seconds':>8} {'points/s':>12}")
-    print(f"{'psycopg COPY (reference, mean of 2)':<52} {copy_s:8.2f} {points / copy_s:12,.0f}")
-    print(f"{'worker -> WebSocket -> PostgreSQL -> broadcast':<52} {path_s:8.2f} {points / path_s:12,.0f}")
-    print(f"ratio path/COPY: {copy_s / path_s:.2f} (target >= 0.90, issue 19)")
-    # CPU time is what the load of a shared machine changes least: the web app's own work.
-    print(f"web app CPU while shipping: {web_cpu:.2f} s ({web_cpu / points * 1e6:.1f} µs a point)")
+    report_throughput(args, throughput)
     for result in results:
         report_latency(args, result)
 
