@@ -6,12 +6,18 @@ on the SQLite pass, Redis on the PostgreSQL pass)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django import db
 from hypothesis import HealthCheck, given, settings
@@ -22,6 +28,7 @@ from tests.webapp.event_builders import T0, a_run_of, metrics, status
 from tests.webapp.test_live import TIMEOUT, closed_with, connections, ingest, watch  # noqa: F401 - fixtures
 from webapp.asgi import application
 from webapp.live.consumers import CLOSE_NOT_FOUND, CLOSE_UNAVAILABLE
+from webapp.live.groups import ingest_group
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import LogLine, MetricPoint, Run
 from webapp.runs.tokens import ingest_token, start_attempt
@@ -123,6 +130,57 @@ async def test_a_bad_event_is_quarantined_acked_and_shown(connections, ingest, w
     assert await sync_to_async(LogLine.objects.filter(run=run, seq=2, level="error").exists)()
 
 
+@asynccontextmanager
+async def _run_row_held(run_id: int) -> AsyncIterator[None]:
+    """The run's row locked by a transaction of another thread until the block ends: the ingest's
+    ``SELECT ... FOR UPDATE`` waits for it (PostgreSQL)."""
+    from django.db import transaction
+
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(pk=run_id)
+                locked.set()
+                release.wait(60)
+        finally:
+            db.connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert await sync_to_async(locked.wait)(30)
+        yield
+    finally:
+        release.set()
+        await sync_to_async(holder.join)(30)
+
+
+async def _ingest_waiting_on_the_row(*, terminate: bool = False) -> int:
+    """Until a backend of the test database waits on a lock (the ingest, on the held row): how
+    many (terminated first, with ``terminate``); 0 after 30 s. Run in a thread of its own, not
+    the consumers' (thread-sensitive) one, which is the one waiting."""
+
+    def waiting() -> int:
+        call = "pg_terminate_backend(pid)" if terminate else "pid"
+        for _ in range(600):
+            with db.connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT {call} FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                )
+                found = len(cursor.fetchall())
+            if found:
+                db.connections.close_all()
+                return found
+            time.sleep(0.05)
+        db.connections.close_all()
+        return 0
+
+    return await sync_to_async(waiting, thread_sensitive=False)()
+
+
 @pytest.mark.postgresql
 async def test_a_database_that_is_down_closes_1011_and_quarantines_nothing(connections, ingest, run) -> None:  # noqa: F811
     """The ingest's database connection dies mid-batch (its PostgreSQL backend is terminated, as
@@ -132,53 +190,13 @@ async def test_a_database_that_is_down_closes_1011_and_quarantines_nothing(conne
     To hit the ingest's own connection and no other, the test holds the run's row lock: the
     ingest's ``SELECT ... FOR UPDATE`` waits for it, and the backend seen waiting is the one
     terminated."""
-    import threading
-
-    from django.db import transaction
-
     comm, _ = await ingest(run.pk)
     batch = {"type": "events", "events": [metrics(1, 1, loss=1.0), metrics(2, 2, loss=0.5)]}
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_run_row() -> None:
-        try:
-            with transaction.atomic():
-                Run.objects.select_for_update().get(pk=run.pk)
-                locked.set()
-                release.wait(60)
-        finally:
-            db.connections.close_all()
-
-    holder = threading.Thread(target=hold_the_run_row)
-    holder.start()
-    assert await sync_to_async(locked.wait)(30)
-
-    def terminate_the_waiting_ingest() -> int:
-        import time
-
-        for _ in range(600):
-            with db.connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-                )
-                killed = len(cursor.fetchall())
-            if killed:
-                db.connections.close_all()
-                return killed
-            time.sleep(0.05)
-        db.connections.close_all()
-        return 0
-
-    try:
+    async with _run_row_held(run.pk):
         await comm.send_json_to(batch)
-        # Another thread than the consumers' (thread-sensitive) one, which waits on the lock.
-        assert await sync_to_async(terminate_the_waiting_ingest, thread_sensitive=False)() == 1
+        assert await _ingest_waiting_on_the_row(terminate=True) == 1
         output = await comm.receive_output(timeout=TIMEOUT)
         assert (output["type"], output.get("code")) == ("websocket.close", CLOSE_UNAVAILABLE), output
-    finally:
-        release.set()
-        await sync_to_async(holder.join)(30)
     assert not await sync_to_async(LogLine.objects.filter(run=run).exists)()
     assert (await sync_to_async(Run.objects.get)(pk=run.pk)).last_seq == 0
 
@@ -186,6 +204,64 @@ async def test_a_database_that_is_down_closes_1011_and_quarantines_nothing(conne
     assert hello["last_seq"] == 0
     await retry.send_json_to(batch)
     assert (await retry.receive_json_from(timeout=TIMEOUT))["seq"] == 2
+
+
+# --------------------------------------------------------------------------- reading ahead
+
+
+async def test_batches_sent_at_once_are_answered_in_order_and_nothing_after_a_refusal_is_taken(
+    connections,  # noqa: F811
+    ingest,  # noqa: F811
+    run,
+) -> None:
+    """The socket reads a message while the one before it is stored (``IngestConsumer.receive``):
+    the answers still come in the order the messages did, a refusal after them included, and a
+    batch read after the refused message is not stored."""
+    comm, _ = await ingest(run.pk)
+    for first in (1, 3, 5):
+        await comm.send_json_to({"type": "events", "events": [metrics(first, first), metrics(first + 1, first + 1)]})
+    await comm.send_to(text_data="{not json")
+    await comm.send_json_to({"type": "events", "events": [metrics(7, 7)]})
+    assert [(await comm.receive_json_from(timeout=TIMEOUT))["seq"] for _ in range(3)] == [2, 4, 6]
+    code, message = await closed_with(comm)
+    assert code == contracts.CLOSE_BAD_MESSAGE and message.startswith("not JSON")
+    assert (await sync_to_async(Run.objects.get)(pk=run.pk)).last_seq == 6
+
+
+@pytest.mark.postgresql
+async def test_a_cancel_reaches_the_worker_while_its_batch_waits_for_the_database(connections, ingest, run) -> None:  # noqa: F811
+    """A cancel sent while the worker's batch is being stored is passed on at once, not after the
+    batch's ack: the batch waits on the run's row (held here), the cancel comes, then the ack."""
+    comm, _ = await ingest(run.pk)
+    async with _run_row_held(run.pk):
+        await comm.send_json_to({"type": "events", "events": [metrics(1, 1, loss=1.0)]})
+        assert await _ingest_waiting_on_the_row() == 1
+        await get_channel_layer().group_send(ingest_group(run.pk), {"type": "ingest.cancel", "message": "stop"})
+        assert await comm.receive_json_from(timeout=TIMEOUT) == {"type": "cancel", "message": "stop"}
+    assert (await comm.receive_json_from(timeout=TIMEOUT))["seq"] == 1
+
+
+@pytest.mark.postgresql
+async def test_a_worker_gone_mid_batch_leaves_that_batch_stored_and_the_next_to_its_resend(connections, ingest, run) -> None:  # noqa: F811
+    """The worker disconnects while its first batch waits on the database and its second is read
+    behind it: the first is stored (and committed) when the database answers, the second is not
+    (the worker resends it from its last ack), and the socket's end waits for the first."""
+    comm, _ = await ingest(run.pk)
+    async with _run_row_held(run.pk):
+        await comm.send_json_to({"type": "events", "events": [metrics(1, 1), metrics(2, 2)]})
+        assert await _ingest_waiting_on_the_row() == 1
+        await comm.send_json_to({"type": "events", "events": [metrics(3, 3)]})
+        await asyncio.sleep(0.2)  # read behind the first (an assertion below holds either way)
+        gone = asyncio.ensure_future(comm.disconnect())
+        await asyncio.sleep(0.2)
+        assert not gone.done()  # the socket's end waits for the batch being stored
+    await asyncio.wait_for(gone, TIMEOUT)
+    connections.remove(comm)
+    assert (await sync_to_async(Run.objects.get)(pk=run.pk)).last_seq == 2
+    retry, hello = await ingest(run.pk)
+    assert hello["last_seq"] == 2
+    await retry.send_json_to({"type": "events", "events": [metrics(3, 3)]})
+    assert (await retry.receive_json_from(timeout=TIMEOUT))["seq"] == 3
 
 
 # --------------------------------------------------------------------------- fuzzing

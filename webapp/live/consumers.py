@@ -15,12 +15,14 @@ the missing events from the database before forwarding.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from typing import Any
 from urllib.parse import parse_qs
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -55,7 +57,15 @@ from webapp.live.groups import ingest_group, project_group, run_group, share_gro
 from webapp.live.replay import stored_events
 from webapp.runs.choices import RunStatus
 from webapp.runs.external import attach_script
-from webapp.runs.ingest import MAX_BIGINT, InvalidEvent, SeqGap, is_poison, stale_attempt_reason, store_events
+from webapp.runs.ingest import (
+    MAX_BIGINT,
+    InvalidEvent,
+    SeqGap,
+    is_poison,
+    stale_attempt_reason,
+    store_validated,
+    validated,
+)
 from webapp.runs.models import Run, ShareLink
 from webapp.runs.output import OutputRefused, decode_chunk, store_output
 from webapp.runs.services import claim_run, note_worker_seen
@@ -136,6 +146,8 @@ class IngestConsumer(_JsonSocket):
 
     external = False  # set at connect: the run is an external one
     claim = ""  # an external run's: the claim its script's attach won (what it ships is checked against it)
+    READ_AHEAD = 2  # messages read and decoded while one is stored (a shipper keeps two batches out)
+    pump: asyncio.Task[None] | None = None  # stores and answers what receive() read, in order
 
     async def connect(self) -> None:
         """Admit the worker of the run's current attempt (the token is read from the
@@ -167,6 +179,8 @@ class IngestConsumer(_JsonSocket):
         self.external = run.is_external
         self.token_issued = time.monotonic()
         self.last_heartbeat_write = time.monotonic()
+        self.inbox: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue(self.READ_AHEAD)
+        self.pump = asyncio.create_task(self._pump())
         await self.accept()
         hello: dict[str, Any] = {
             "type": "hello",
@@ -182,39 +196,85 @@ class IngestConsumer(_JsonSocket):
         await self.send_message(hello)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """One message from the worker. Whatever it holds, the answer is an ack or a close
-        with a protocol code (``client/tributary/protocol.py``), 1011 only when the database failed."""
+        """One message from the worker, read while the one before it may still be storing.
+
+        The decoding and the events' validation (pure Python) are done here, on the event loop,
+        and the message is queued for ``_pump``, which stores and answers one message at a time
+        in the order they came. So a batch is decoded while the one before it is in the
+        database (the thread waits on PostgreSQL then, not on the GIL), and its ack, fan-out and
+        error answers keep their order. The queue holds ``READ_AHEAD`` messages: a worker that
+        sends faster than they are stored waits on its socket (TCP's back-pressure)."""
         if self.closed:
             return
-        raw = text_data if text_data is not None else bytes_data or b""
+        await self.inbox.put(self._read(text_data if text_data is not None else bytes_data or b""))
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch without its hop to the database thread before every message
+        (``aclose_old_connections``): while ``_pump`` stores a batch that thread is busy, and the
+        hop would hold the next message, and a cancel for the worker, until the batch is stored.
+        Every database call of this consumer goes through ``database_sync_to_async``, which closes
+        old connections itself, before and after."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    def _read(self, raw: str | bytes) -> tuple[str, Any]:
+        """What ``_pump`` does with one message: ``(kind, what)``; a refusal is ("refuse", (code, why))."""
         size = len(raw.encode("utf-8", errors="surrogatepass")) if isinstance(raw, str) else len(raw)
         if size > MAX_MESSAGE_BYTES:
-            await self.refuse(CLOSE_TOO_BIG, f"message of {size} bytes; the limit is {MAX_MESSAGE_BYTES}")
-            return
+            return "refuse", (CLOSE_TOO_BIG, f"message of {size} bytes; the limit is {MAX_MESSAGE_BYTES}")
         try:
             message = json.loads(raw)
         except RecursionError:
-            await self.refuse(CLOSE_BAD_MESSAGE, "not JSON this server can read: nested too deeply")
-            return
+            return "refuse", (CLOSE_BAD_MESSAGE, "not JSON this server can read: nested too deeply")
         except ValueError as exc:  # UnicodeDecodeError included
-            await self.refuse(CLOSE_BAD_MESSAGE, f"not JSON: {exc}")
-            return
+            return "refuse", (CLOSE_BAD_MESSAGE, f"not JSON: {exc}")
         kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "events":
+            events = message.get("events")
+            if not isinstance(events, list):
+                return "refuse", (CLOSE_BAD_MESSAGE, "'events' must be a list of engine events")
+            if len(events) > MAX_BATCH_EVENTS:
+                return "refuse", (
+                    CLOSE_TOO_BIG,
+                    f"{len(events)} events in one message; the limit is {MAX_BATCH_EVENTS}",
+                )
+            try:
+                return kind, validated(events)
+            except InvalidEvent as exc:
+                return "refuse", (CLOSE_BAD_EVENT, str(exc))
+        if kind in ("ping", "attach", "output"):
+            return kind, message
+        shown = clean_text(repr(kind))[:80]
+        return "refuse", (
+            CLOSE_BAD_MESSAGE,
+            f"unknown message type {shown}: send an object with type events, output, ping or attach",
+        )
+
+    async def _pump(self) -> None:
+        """Store and answer the queued messages, one at a time, until ``disconnect``'s None."""
+        while (item := await self.inbox.get()) is not None:
+            kind, what = item
+            if self.closed:
+                continue  # refused or gone: what was read after that is not taken
+            try:
+                await self._answer(kind, what)
+            except Exception:  # a bug, not the worker's message: 1011, the worker resends later
+                await self.unavailable(f"ingest of run {self.run_id} ({kind})")
+
+    async def _answer(self, kind: str, what: Any) -> None:
         try:
             if kind == "events":
-                await self._events(message.get("events"))
+                await self._events(what)
             elif kind == "ping":
                 await self._heartbeat()
             elif kind == "attach":
-                await self._attach(message)
+                await self._attach(what)
             elif kind == "output":
-                await self._output(message)
+                await self._output(what)
             else:
-                shown = clean_text(repr(kind))[:80]
-                await self.refuse(
-                    CLOSE_BAD_MESSAGE,
-                    f"unknown message type {shown}: send an object with type events, output, ping or attach",
-                )
+                await self.refuse(*what)
         except DatabaseError as exc:
             if not is_poison(exc):
                 await self.unavailable(f"ingest of run {self.run_id}")
@@ -224,18 +284,21 @@ class IngestConsumer(_JsonSocket):
                 CLOSE_BAD_MESSAGE, f"the {kind} message holds a value the database cannot store: {exc}"
             )
 
-    async def _events(self, events: Any) -> None:
-        if not isinstance(events, list):
-            await self.refuse(CLOSE_BAD_MESSAGE, "'events' must be a list of engine events")
+    async def disconnect(self, code: int) -> None:
+        """Nothing more is answered; the message being stored finishes (and is announced: it is
+        committed), those queued behind it are dropped (the worker resends from its last ack)."""
+        self.closed = True
+        if self.pump is None:
             return
-        if len(events) > MAX_BATCH_EVENTS:
-            await self.refuse(
-                CLOSE_TOO_BIG, f"{len(events)} events in one message; the limit is {MAX_BATCH_EVENTS}"
-            )
-            return
+        while not self.inbox.empty():
+            self.inbox.get_nowait()
+        self.inbox.put_nowait(None)
+        await self.pump
+
+    async def _events(self, batch: list[dict[str, Any]]) -> None:
         try:
-            stored = await database_sync_to_async(store_events)(
-                self.run_id, events, attempt=self.attempt, claim=self.claim, announce_events=False
+            stored = await database_sync_to_async(store_validated)(
+                self.run_id, batch, attempt=self.attempt, claim=self.claim, announce_events=False
             )
         except SeqGap as gap:
             # Not fatal: the ack says what is stored, and the worker resends from there.

@@ -142,7 +142,21 @@ def store_events(
     (an external run's socket: what its script attached with) must still hold the run
     (``tokens.check_holder``): a script whose run a copy of it took over writes nothing.
     """
-    batch = _validated(events)
+    return store_validated(
+        run_id, validated(events), attempt=attempt, claim=claim, announce_events=announce_events
+    )
+
+
+def store_validated(
+    run_id: int,
+    batch: list[dict[str, Any]],
+    *,
+    attempt: int | None = None,
+    claim: str = "",
+    announce_events: bool = True,
+) -> Stored:
+    """``store_events`` of a batch ``validated`` already: the ingest socket validates a batch on
+    its event loop while the batch before it is in the database (``IngestConsumer.receive``)."""
     with transaction.atomic():
         # The row lock serialises two connections ingesting the same run (no-op on SQLite,
         # where IMMEDIATE transactions already serialise writers).
@@ -255,7 +269,10 @@ def _public(event: dict[str, Any], attempt: int) -> dict[str, Any]:
 # --- validation ------------------------------------------------------------------------
 
 
-def _validated(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def validated(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The batch checked, in seq order, one event a seq: an event without a usable seq raises
+    ``InvalidEvent`` (nothing of the batch is stored), any other bad event is replaced by its
+    quarantine. Reads no database, so it may run before the run's row is locked."""
     by_seq: dict[int, dict[str, Any]] = {}
     for position, event in enumerate(events):
         if not isinstance(event, Mapping):
