@@ -9,7 +9,10 @@ train accuracy, policy entropy and the fraction of groups whose rewards are all 
     python bench/learning_curve.py                 # grpo, 60 steps
     python bench/learning_curve.py --preset dapo --steps 80 --set rollout.n=16
     python bench/learning_curve.py --preset dapo --steps 1800 --eval-every 150 \
-        --set data.eval_size=512                   # issue 16's learning ceiling
+        --set data.eval_size=512                   # issue 16's learning ceiling, at the default lr
+    python bench/learning_curve.py --preset dapo --steps 1800 --eval-every 150 --set data.eval_size=512 \
+        --set data.selection=difficulty_targeted --set algorithm.filter_groups.round_size=deficit \
+        --set optimizer.lr=2e-4                    # its best combination (bench/README.md)
 
 ``--starter`` picks the starter policy RL starts from: one ``task:difficulty`` (default
 ``arithmetic:1``), the starter ``model.path: starter`` resolves to for that task (arithmetic's is
