@@ -221,9 +221,11 @@ def test_a_header_read_landing_while_an_action_is_out_leaves_the_header_to_the_a
         posts: list[Any] = []
         page.route(is_read, lambda route: route.continue_() if reads else reads.append(route))
         page.route(is_post, lambda route: posts.append(route))
-        # Resumed through the API: the page hears the run queued and reads its header (held).
-        with page.expect_request(lambda r: is_read(r.url), timeout=STAGE_MS):
-            d.api("POST", f"/runs/{run_id}/resume", {})
+        # Resumed through the API: the page hears the run queued (its badge moves at once) and
+        # reads its header, held here. (A read the page had still going from the cancellation is
+        # held the same way; its answer, read when let go, is the run queued too.)
+        d.api("POST", f"/runs/{run_id}/resume", {})
+        page.wait_for_selector("#run-status[data-status=queued]", timeout=STAGE_MS)
         while not reads:  # the route's handler runs beside the request event
             page.wait_for_timeout(20)
         # Its header not read yet, the page still offers Resume: the user clicks it (post held).
