@@ -264,6 +264,33 @@ async def test_a_worker_gone_mid_batch_leaves_that_batch_stored_and_the_next_to_
     assert (await retry.receive_json_from(timeout=TIMEOUT))["seq"] == 3
 
 
+async def test_a_fault_of_the_server_closes_1011_and_the_next_connection_works(
+    connections,  # noqa: F811
+    ingest,  # noqa: F811
+    run,
+    monkeypatch,
+) -> None:
+    """An exception the pump does not expect (a bug in storing, here made to happen) is logged
+    and closes the socket with 1011, so the worker reconnects and resends; nothing half-stored."""
+    import webapp.live.consumers as consumers
+
+    real = consumers.store_validated
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(consumers, "store_validated", broken)
+    comm, _ = await ingest(run.pk)
+    await comm.send_json_to({"type": "events", "events": [metrics(1, 1)]})
+    output = await comm.receive_output(timeout=TIMEOUT)
+    assert (output["type"], output.get("code")) == ("websocket.close", CLOSE_UNAVAILABLE), output
+    monkeypatch.setattr(consumers, "store_validated", real)
+    retry, hello = await ingest(run.pk)
+    assert hello["last_seq"] == 0
+    await retry.send_json_to({"type": "events", "events": [metrics(1, 1)]})
+    assert (await retry.receive_json_from(timeout=TIMEOUT))["seq"] == 1
+
+
 # --------------------------------------------------------------------------- fuzzing
 
 _json = st.recursive(

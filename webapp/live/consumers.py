@@ -261,7 +261,10 @@ class IngestConsumer(_JsonSocket):
             try:
                 await self._answer(kind, what)
             except Exception:  # a bug, not the worker's message: 1011, the worker resends later
-                await self.unavailable(f"ingest of run {self.run_id} ({kind})")
+                log.exception("run %s: answering a %s message failed", self.run_id, kind)
+                if not self.closed:
+                    await self.close(code=CLOSE_UNAVAILABLE)
+                    self.closed = True
 
     async def _answer(self, kind: str, what: Any) -> None:
         try:
