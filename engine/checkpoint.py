@@ -19,6 +19,7 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,14 +71,24 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, state: CheckpointState, write_model: Any, *, keep_last: int
-) -> tuple[Path, int]:
+    run_dir: Path,
+    state: CheckpointState,
+    write_model: Any,
+    *,
+    keep_last: int,
+    announce: Callable[[Path, int, list[Path]], Any] | None = None,
+) -> tuple[Path, int, list[Path]]:
     """Write a checkpoint atomically; ``write_model(dir)`` writes the weights and optimiser.
 
-    Returns the checkpoint's path and its size in bytes. Older checkpoints beyond
-    ``keep_last`` are deleted after the new one is in place, and so are those of later steps:
-    they belong to a branch this run left when it resumed from an earlier checkpoint (a rewind),
-    so neither "the latest checkpoint" nor the pruning may take them for this branch's.
+    Returns the checkpoint's path, its size in bytes and the checkpoints it deleted. Older
+    checkpoints beyond ``keep_last`` are deleted after the new one is in place, and so are those of
+    later steps: they belong to a branch this run left when it resumed from an earlier checkpoint
+    (a rewind), so neither "the latest checkpoint" nor the pruning may take them for this branch's.
+
+    ``announce(path, nbytes, doomed)`` (the engine's ``checkpoint`` event) is called once the new
+    checkpoint is in place and *before* anything is deleted: whoever hears of checkpoints (the web
+    app offers them to resume from) learns of a deletion no later than it happens. A crash between
+    the two leaves files that are announced deleted, never a deleted one that is still offered.
     """
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -96,9 +107,12 @@ def save_checkpoint(
     nbytes = sum(f.stat().st_size for f in _files(final))
     later = [p for p in list_checkpoints(run_dir) if _step_of(p) > state.step]
     kept = [p for p in list_checkpoints(run_dir) if p not in later]
-    for old in later + kept[:-keep_last]:
+    doomed = later + kept[:-keep_last]
+    if announce is not None:
+        announce(final, nbytes, doomed)
+    for old in doomed:
         shutil.rmtree(old, ignore_errors=True)
-    return final, nbytes
+    return final, nbytes, doomed
 
 
 def _step_of(checkpoint: Path) -> int:

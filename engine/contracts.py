@@ -27,7 +27,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "status": ("state", "message"),
     "metrics": ("step", "time", "values"),
     "samples": ("step", "items"),
-    "checkpoint": ("step", "path", "bytes"),
+    # ``deleted``: paths of earlier checkpoints its save removed (optional on ingest: a client may omit it).
+    "checkpoint": ("step", "path", "bytes", "deleted"),
     "log": ("level", "message"),
     "heartbeat": ("time",),
 }

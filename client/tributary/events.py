@@ -18,7 +18,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -203,8 +203,10 @@ class EventSink:
     def samples(self, step: int, items: list[dict[str, Any]]) -> int:
         return self.emit("samples", step=step, items=items)
 
-    def checkpoint(self, step: int, path: str, nbytes: int) -> int:
-        return self.emit("checkpoint", durable=True, step=step, path=path, bytes=nbytes)
+    def checkpoint(self, step: int, path: str, nbytes: int, deleted: Sequence[str] = ()) -> int:
+        """``deleted``: the paths of earlier checkpoints this one's save removes (``keep_last``,
+        or a branch a rewind left), so the web app stops offering them to resume from."""
+        return self.emit("checkpoint", durable=True, step=step, path=path, bytes=nbytes, deleted=list(deleted))
 
     def log(self, level: str, message: str) -> int:
         if self.on_log is not None:

@@ -334,6 +334,13 @@ class Orchestrator:
                 config=self.cfg.model_dump(mode="json"),
             )
             write = self.trainer.save if self.stages is None else self.stages.write_model(self.trainer.save)
-            path, nbytes = save_checkpoint(self.run_dir, state, write, keep_last=self.cfg.checkpoint.keep_last)
-            self.sink.checkpoint(step, str(path.resolve()), nbytes)
+            path, _, _ = save_checkpoint(
+                self.run_dir,
+                state,
+                write,
+                keep_last=self.cfg.checkpoint.keep_last,
+                announce=lambda saved, nbytes, doomed: self.sink.checkpoint(
+                    step, str(saved.resolve()), nbytes, deleted=[str(p.resolve()) for p in doomed]
+                ),
+            )
         return path

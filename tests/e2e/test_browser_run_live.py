@@ -67,6 +67,10 @@ class EngineLog:
             self.write("metrics", step=step, time=time.time(), values={"reward/mean": step / TOTAL_STEPS})
 
 
+# The Checkpoints tab's rows as [step cell text, row class].
+CHECKPOINT_ROWS = "() => [...document.querySelectorAll('#checkpoints tbody tr')].map(r => [r.cells[0].textContent, r.className])"
+
+
 def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
     site: Site, browser: Any, tmp_path: Path
 ) -> None:
@@ -106,6 +110,7 @@ def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
             )
             assert text_of(page, "#run-alert") == f"training on cpu · step 10 of {TOTAL_STEPS}"
             assert page.locator("#cancel-button").is_visible()
+        log.write("checkpoint", step=10, path="checkpoints/step-10", bytes=2048, deleted=[])
         log.steps(11, 30)
         for page in pages:
             page.wait_for_function(
@@ -114,6 +119,7 @@ def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
             )
             assert text_of(page, "#run-step") == "30"
             assert text_of(page, "#run-alert") == f"training on cpu · step 30 of {TOTAL_STEPS}"
+            assert page.evaluate(CHECKPOINT_ROWS) == [["10", ""]]
         screenshot(wide, test, "running-1440")
         screenshot(narrow, test, "running-390")
 
@@ -128,8 +134,9 @@ def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
         assert cancelled.wait(STAGE_MS / 1000), "the worker side never heard the cancel"
         screenshot(wide, test, "cancel-requested-1440")
 
-        # The engine checkpoints and stops: Resume appears, the cancel note goes.
-        log.write("checkpoint", step=30, path="checkpoints/step-30", bytes=4096)
+        # The engine checkpoints and stops: Resume appears, the cancel note goes. The save deleted the
+        # checkpoint of step 10 (keep_last 1): still listed, marked, not offered.
+        log.write("checkpoint", step=30, path="checkpoints/step-30", bytes=4096, deleted=["checkpoints/step-10"])
         log.write("status", state="cancelled", message="stopped at step 30")
         assert shipper.finish(timeout=WAIT), d.logs()
         for page in pages:
@@ -141,8 +148,9 @@ def test_an_open_run_page_follows_state_step_and_actions_without_a_reload(
             assert page.locator("#run-alert [data-live-step]").count() == 0
             assert text_of(page, "#run-status") == "cancelled"
             options = page.inner_text("#resume-checkpoint")
-            assert "step 30 (saved " in options and "checkpoints/" not in options
-            assert text_of(page, "#checkpoint-count") == "1"  # the tab
+            assert "step 30 (saved " in options and "step 10" not in options and "checkpoints/" not in options
+            assert text_of(page, "#checkpoint-count") == "2"  # the tab
+            assert page.evaluate(CHECKPOINT_ROWS) == [["10 (deleted)", "deleted"], ["30", ""]]
             assert page.evaluate("() => window.notReloaded === true"), "the page was reloaded"
         screenshot(wide, test, "cancelled-1440")
         screenshot(narrow, test, "cancelled-390")

@@ -113,6 +113,18 @@ def test_run_writes_the_protocol_and_resume_is_exact(tiny_model_dir: Path, tmp_p
         assert again[s] == pytest.approx(metrics[s], rel=1e-6, abs=1e-7), s
 
 
+def test_checkpoint_events_name_the_checkpoints_their_save_deleted(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``checkpoint.keep_last`` prunes on disk; the event of the save that pruned says which, so the
+    web app stops offering them to resume from (``webapp.runs.ingest._mark_deleted``)."""
+    raw = small_config(tiny_model_dir, tmp_path / "a", total_steps=6, eval_every=0)
+    raw["checkpoint"]["keep_last"] = 1
+    assert execute(build_config(raw)) == EXIT_SUCCEEDED
+    checkpoints = [e for e in read_events(tmp_path / "a" / "events.jsonl") if e["type"] == "checkpoint"]
+    assert [(c["step"], len(c["deleted"])) for c in checkpoints] == [(2, 0), (4, 1), (6, 1)]
+    assert [c["deleted"] for c in checkpoints[1:]] == [[checkpoints[0]["path"]], [checkpoints[1]["path"]]]
+    assert [p for p in (tmp_path / "a" / "checkpoints").iterdir()] == [Path(checkpoints[2]["path"])]
+
+
 def cancel_then_resume(cfg: dict, tmp_path: Path, *, after_step: int = 1, more_steps: int = 1) -> dict:
     """Run ``cfg`` (output in ``tmp_path / "run"``) with ``python -m engine run``, send SIGTERM once
     step ``after_step`` is logged, check it checkpoints and exits cancelled, then ``--resume`` it

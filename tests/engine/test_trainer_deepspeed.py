@@ -129,7 +129,7 @@ def _rank_main(model_dir: Path, out_dir: Path, stage: int) -> None:
     t0 = time.perf_counter()
     metrics = train_steps(first, vocab, range(1, SAVE_AT + 1))
     state = CheckpointState(SAVE_AT, 0, {}, first.state(), {}, {}, cfg.model_dump(mode="json"))
-    ckpt, _ = save_checkpoint(out_dir, state, first.save, keep_last=1)
+    ckpt, _, _ = save_checkpoint(out_dir, state, first.save, keep_last=1)
     metrics |= train_steps(first, vocab, range(SAVE_AT + 1, STEPS + 1))
     save_file(
         {k: v.detach().clone() for k, v in first.rollout_weights().items()},

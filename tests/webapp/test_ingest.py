@@ -145,6 +145,8 @@ BAD_EVENTS = [
     ({"seq": 3, "type": "checkpoint", "step": 1, "path": "c", "bytes": -5}, "field 'bytes' must be an integer in [0, 2^63)"),
     ({"seq": 3, "type": "checkpoint", "step": 1, "path": "c", "bytes": 2**63}, "field 'bytes' must be an integer in [0, 2^63)"),
     ({"seq": 3, "type": "checkpoint", "step": 1, "bytes": 5}, "field 'path' is missing"),
+    ({"seq": 3, "type": "checkpoint", "step": 1, "path": "c", "bytes": 5, "deleted": "b"}, "field 'deleted' must be a list of checkpoint paths"),
+    ({"seq": 3, "type": "checkpoint", "step": 1, "path": "c", "bytes": 5, "deleted": ["a", 7]}, "field 'deleted[1]' must be a path"),
     ({"seq": 3, "type": "log", "level": "shout", "message": "x"}, "field 'level' is 'shout'; known levels"),
     ({"seq": 3, "type": "status", "state": "paused"}, "field 'state' is 'paused'; known states"),
     ({"seq": 3, "type": "heartbeat"}, "field 'time' is missing"),

@@ -206,6 +206,10 @@ class CheckpointOut(Schema):
     superseded: bool = Field(
         description="A later attempt resumed from an earlier step: off the run's history, not offered to resume from."
     )
+    deleted: bool = Field(
+        description="The engine deleted its files when it saved a later checkpoint (checkpoint.keep_last, or a "
+        "rewind's left branch): not offered to resume from."
+    )
 
 
 class AttemptOut(Schema):
@@ -284,7 +288,9 @@ class RunOut(RunListItem):
     children: list[ChildRef]
     attempt_number: int = Field(description="The current attempt's number.")
     attempts: list[AttemptOut] = Field(description="Each time the run was launched or resumed, first first.")
-    checkpoint_count: int
+    checkpoint_count: int = Field(
+        description="The checkpoints a resume may start from: on the run's history, their files still there."
+    )
     role: str | None = Field(description="The caller's role in the run's team (null through a share link).")
     permissions: Permissions
 

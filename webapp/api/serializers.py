@@ -100,6 +100,7 @@ def checkpoint_out(ckpt: Checkpoint) -> dict[str, Any]:
         "created_at": ckpt.created_at,
         "attempt": ckpt.attempt,
         "superseded": ckpt.superseded,
+        "deleted": ckpt.deleted,
     }
 
 

@@ -64,6 +64,10 @@ def _events_between(run_id: int, low: int, high: int) -> list[dict[str, Any]]:
                 "attempt": items[0].attempt,
             }
         )
+    deleted: dict[int, list[int]] = {}  # a checkpoint's seq -> the seqs of those its save deleted
+    gone = Checkpoint.objects.filter(run_id=run_id, deleted_at_seq__gt=low, deleted_at_seq__lte=high)
+    for by, seq in gone.order_by("deleted_at_seq", "seq").values_list("deleted_at_seq", "seq"):
+        deleted.setdefault(by, []).append(seq)
     for ckpt in Checkpoint.objects.filter(**window):
         events.append(
             {
@@ -73,6 +77,7 @@ def _events_between(run_id: int, low: int, high: int) -> list[dict[str, Any]]:
                 "path": ckpt.path,
                 "bytes": ckpt.bytes,
                 "attempt": ckpt.attempt,
+                "deleted_seqs": deleted.get(ckpt.seq, []),
             }
         )
     for line in LogLine.objects.filter(**window):

@@ -148,7 +148,8 @@ class Holdings:
 
 
 def holdings(run: Run) -> Holdings:
-    ckpt = Checkpoint.objects.filter(run=run).aggregate(n=Count("id"), b=Sum("bytes"))
+    # The checkpoints still on the worker's disk: those the engine deleted already are not removed again.
+    ckpt = Checkpoint.objects.filter(run=run, deleted_at_seq__isnull=True).aggregate(n=Count("id"), b=Sum("bytes"))
     return Holdings(
         metric_points=MetricPoint.objects.filter(run=run).count(),
         samples=Sample.objects.filter(run=run).count(),

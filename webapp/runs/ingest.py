@@ -256,9 +256,11 @@ def _public(event: dict[str, Any], attempt: int) -> dict[str, Any]:
     """A validated event as JSON for browsers (times as Unix seconds; a status event's message in
     the words the run's status message shows, ``webapp.runs.wording``). An event with a step
     says which attempt logged it, so a page applies a rewind as the database did (``_supersede``)."""
-    out = {k: v for k, v in event.items() if k not in ("quarantined", "non_finite", TAIL)}
+    out = {k: v for k, v in event.items() if k not in ("quarantined", "non_finite", TAIL, "deleted")}
     if out.get("type") in STEP_EVENTS:
         out["attempt"] = event.get(TAIL, attempt)
+    if out.get("type") == "checkpoint":  # the stored checkpoints its save deleted, by seq (``_mark_deleted``)
+        out["deleted_seqs"] = event.get("deleted_seqs", [])
     if out.get("type") == "status" and isinstance(out.get("message"), str):
         out["message"] = status_words(out["message"])
     if isinstance(out.get("time"), datetime):
@@ -381,6 +383,13 @@ def _check_event(seq: int, event: Mapping[str, Any]) -> dict[str, Any]:
         if not _is_int(size) or not 0 <= size <= MAX_BIGINT:
             raise InvalidEvent(seq, "bytes", f"must be an integer in [0, 2^63), got {_shown(size)}")
         out["bytes"] = size
+        deleted = event.get("deleted", [])  # optional: an older engine or a client may leave it out
+        if not isinstance(deleted, list):
+            raise InvalidEvent(seq, "deleted", f"must be a list of checkpoint paths, got {_shown(deleted)}")
+        for i, path in enumerate(deleted):
+            if not isinstance(path, str) or len(path) > MAX_TEXT:
+                raise InvalidEvent(seq, f"deleted[{i}]", f"must be a path of at most {MAX_TEXT} characters, got {_shown(path)}")
+        out["deleted"] = [clean_text(path) for path in deleted]
     elif kind == "log":
         level = _text(seq, event, "level").lower()
         if level not in LogLevel.values:
@@ -541,6 +550,22 @@ def _store_or_quarantine(run: Run, fresh: list[dict[str, Any]]) -> list[dict[str
     return out
 
 
+def _mark_deleted(run_id: int, event: dict[str, Any]) -> None:
+    """The checkpoints at ``event["deleted"]``'s paths that the run stored before it have had their
+    files deleted by its save (``engine.checkpoint.save_checkpoint``): no longer offered. A later
+    checkpoint written at one of these paths (a rewound branch saving the same step again) is not
+    touched: only rows of earlier seqs. Their seqs go to the run's pages with the event in place of
+    the paths (``deleted_seqs``: a page knows its rows by seq), as ``webapp.live.replay`` rebuilds it."""
+    seq, paths, seqs = event["seq"], event["deleted"], []
+    for start in range(0, len(paths), 500):  # within SQLite's bound on query parameters
+        rows = Checkpoint.objects.filter(
+            run_id=run_id, seq__lt=seq, path__in=paths[start : start + 500], deleted_at_seq__isnull=True
+        )
+        seqs += rows.values_list("seq", flat=True)
+        rows.update(deleted_at_seq=seq)
+    event["deleted_seqs"] = sorted(seqs)
+
+
 def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     now = timezone.now()
     attempt = run.attempt_number
@@ -548,6 +573,7 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     groups: list[PointGroup] = []  # the metrics events' points, one group an event
     samples: list[Sample] = []
     checkpoints: list[Checkpoint] = []
+    deletions: list[dict[str, Any]] = []  # the checkpoint events whose saves deleted earlier ones
     logs: list[LogLine] = []
     summary = dict(run.summary)
     last_step = _supersede(run, fresh)
@@ -578,6 +604,8 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
                     attempt=owner,
                 )
             )
+            if event.get("deleted"):
+                deletions.append(event)
         elif kind == "log":
             logs.append(LogLine(run=run, seq=seq, level=event["level"], message=event["message"], time=now))
         elif kind == "status" and TAIL in event:
@@ -606,6 +634,8 @@ def _store(run: Run, fresh: list[dict[str, Any]]) -> None:
     alert_state = monitor.observe(run, fresh)
     Sample.objects.bulk_create(samples, batch_size=500, ignore_conflicts=True)
     Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
+    for event in deletions:  # after the batch's own: a save may delete one stored just before it
+        _mark_deleted(run_id, event)
     LogLine.objects.bulk_create(logs, batch_size=1000, ignore_conflicts=True)
     # heartbeat_at is progress: an event of the engine was stored (sweeper.py).
     updates = {

@@ -425,6 +425,22 @@ class Checkpoint(models.Model):
         help_text="A later attempt resumed from an earlier step: this checkpoint is off the run's history "
         "(its files may be overwritten by the new branch's checkpoint of the same step), so it is not offered.",
     )
+    deleted_at_seq = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The seq of the checkpoint event whose save deleted its files (checkpoint.keep_last keeps the "
+        "newest few; a rewind removes the branch it left): listed, not offered. Null while its files are there.",
+    )
+
+    @property
+    def deleted(self) -> bool:
+        return self.deleted_at_seq is not None
+
+    @staticmethod
+    def offered(via: str = "") -> models.Q:
+        """The checkpoints a resume may start from: on the run's history and with their files still
+        there. ``via`` is the lookup path from the queried model (``"checkpoints__"`` from a run)."""
+        return models.Q(**{f"{via}superseded": False, f"{via}deleted_at_seq__isnull": True})
 
     class Meta:
         ordering = ["step", "seq"]

@@ -89,12 +89,12 @@ def recent_runs_for(user: Any, limit: int) -> list[Run]:
 
 def run_with_details(run: Run) -> Run:
     """The run again, with what its page shows beside it: project, team, creator, parent, the
-    checkpoint it resumes from and ``checkpoint_count`` (those on its history: a resume may
-    start from them), in one query."""
+    checkpoint it resumes from and ``checkpoint_count`` (those a resume may start from: on its
+    history, files still there), in one query."""
     return (
         Run.objects.select_related("project__team", "created_by", "parent", "resume_from")
         .annotate(
-            checkpoint_count=Count("checkpoints", filter=Q(checkpoints__superseded=False), distinct=True)
+            checkpoint_count=Count("checkpoints", filter=Checkpoint.offered("checkpoints__"), distinct=True)
         )
         .get(pk=run.pk)
     )
@@ -106,8 +106,8 @@ def run_attempts(run: Run) -> QuerySet[RunAttempt]:
 
 
 def resumable_checkpoints(run: Run) -> QuerySet[Checkpoint]:
-    """The checkpoints a resume may start from (on the run's history), newest step first."""
-    return run.checkpoints.filter(superseded=False).order_by("-step", "-seq")
+    """The checkpoints a resume may start from (on the run's history, files still there), newest step first."""
+    return run.checkpoints.filter(Checkpoint.offered()).order_by("-step", "-seq")
 
 
 def run_children(run: Run) -> QuerySet[Run]:

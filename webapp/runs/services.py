@@ -282,12 +282,11 @@ def resume_run(run: Run, user: Any, checkpoint: Checkpoint | None = None, *, que
     if run.status == RunStatus.LOST:
         store_dead_tail(run)
         run.refresh_from_db()
-    history = run.checkpoints.filter(superseded=False)
     resume_path = ""
     if checkpoint is None:
-        checkpoint = history.order_by("-step", "-seq").first()
+        checkpoint = run.checkpoints.filter(Checkpoint.offered()).order_by("-step", "-seq").first()
         if checkpoint is None:
-            raise CannotResume(f"run {run.pk} wrote no checkpoint; fork it to start again from step 0")
+            raise CannotResume(f"run {run.pk} has no checkpoint to resume from; fork it to start again from step 0")
         if not run.checkpoints.filter(superseded=True).exists():
             resume_path = str(PurePosixPath(checkpoint.path).parent)  # the engine takes the newest there
     elif checkpoint.run_id != run.pk:
@@ -296,6 +295,12 @@ def resume_run(run: Run, user: Any, checkpoint: Checkpoint | None = None, *, que
         raise CannotResume(
             f"checkpoint {checkpoint.pk} (step {checkpoint.step}) is on a branch a later resume left "
             f"(its files may be overwritten): pick one of the run's current checkpoints"
+        )
+    elif checkpoint.deleted:
+        raise CannotResume(
+            f"checkpoint {checkpoint.pk} (step {checkpoint.step}) was deleted on the worker when a later one was "
+            f"saved (checkpoint.keep_last keeps only the newest): pick one of the run's current checkpoints, "
+            f"or set a larger checkpoint.keep_last in the next run to keep more"
         )
     # The stored config is the run's; it must still validate, and name only reward code the user
     # who resumes it may run (as at a launch). The queue is the run's unless another is named.

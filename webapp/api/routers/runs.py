@@ -93,7 +93,8 @@ def resume_from_checkpoint(request: HttpRequest, run_id: Id, payload: ResumeIn) 
     A checkpoint older than the run's last step rewinds it: the steps after the checkpoint are
     logged again by the new attempt, and the points they replace are kept as superseded
     (``GET /runs/{id}/metrics/series?superseded=true``). The run must have stopped (409
-    otherwise, and when it wrote no checkpoint)."""
+    otherwise, when it has no checkpoint left to resume from, and for a checkpoint the engine
+    deleted: ``deleted`` in ``GET /runs/{id}/checkpoints``)."""
     run = run_for(request.auth, run_id, Role.MEMBER)
     checkpoint = None
     if payload.checkpoint_id is not None:

@@ -184,6 +184,18 @@ function setupCheckpoints() {
     cell(formatBytes(event.bytes));
     cell(timeElement(new Date())).className = "hide-narrow";
     body.append(tr);
+    // The checkpoints this one's save deleted (checkpoint.keep_last): still listed, no longer offered.
+    for (const seq of event.deleted_seqs || []) {
+      const row = body.querySelector(`tr[data-seq="${seq}"]`);
+      if (!row || row.classList.contains("deleted")) continue;
+      row.className = "deleted";
+      row.title = table.dataset.deletedTitle;
+      row.querySelector("td .muted")?.remove();
+      const note = document.createElement("span");
+      note.className = "muted";
+      note.textContent = "(deleted)";
+      row.cells[0].append(" ", note);
+    }
     table.hidden = false;
     $("checkpoints-empty").hidden = true;
     const count = $("checkpoint-count");
