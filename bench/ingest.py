@@ -8,7 +8,9 @@ to the run's group with one subscriber). The reference writes the same rows into
 table with psycopg ``COPY`` in one transaction (the physical floor for getting them into
 PostgreSQL). ``--rounds N`` (3; 2 with ``--quick``) rounds, each a fresh log shipped into a fresh
 run and the same rows copied into another, alternating which goes first (odd rounds COPY, even
-rounds the path) so that a slow period of the shared machine falls on both. Printed per round:
+rounds the path) so that a slow period of the shared machine falls on both, after ``--warmup``
+(1) such rounds that are printed and not counted (the web app's first batches pay its warm-up,
+which the worst round would otherwise report). Printed per round:
 seconds of each, the ratio COPY s / path s, and CPU time (utime + stime from /proc), the least
 load-dependent figure: the web app's process and its PostgreSQL backends while shipping (those of
 ``pg_stat_activity`` on the bench database whose client port is one of the web app's sockets,
@@ -659,6 +661,13 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=None, help="throughput rounds, alternated (3; 2 with --quick)"
     )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="throughput rounds run first and not counted (1): the web app's first batches pay its "
+        "warm-up (connections, the cache of clean metric names), which no later round does",
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput part")
     parser.add_argument("--poll", choices=sorted(POLL_MODES), default="adaptive")
@@ -689,7 +698,9 @@ def main() -> None:
     if unknown := set(modes) - set(POLL_MODES):
         raise SystemExit(f"--ab-modes: unknown {sorted(unknown)}; choose from {sorted(POLL_MODES)}")
     rounds = [mode for _ in range(max(1, args.ab)) for mode in modes]
-    n_pairs = 0 if args.latency_only else args.rounds
+    if args.warmup < 0:
+        raise SystemExit("--warmup: 0 or more")
+    n_pairs = 0 if args.latency_only else args.warmup + args.rounds
     floor_run, *runs = make_runs(1 + 2 * n_pairs + len(rounds))
     pair_runs, latency_runs = runs[: 2 * n_pairs], runs[2 * n_pairs :]
     port = free_port()
@@ -715,6 +726,12 @@ def main() -> None:
             throughput_round(k, args, web, web_url, shipped, copied, workdir)
             for k, (shipped, copied) in enumerate(zip(pair_runs[::2], pair_runs[1::2], strict=True))
         ]
+        warmup, throughput = throughput[: args.warmup], throughput[args.warmup :]
+        for r in warmup:
+            print(
+                f"warm-up round (not counted): path {r['path_s']:.2f} s, COPY {r['copy_s']:.2f} s, "
+                f"ratio {r['ratio']:.2f}"
+            )
         for mode, run in zip(rounds, latency_runs, strict=True):
             results.append(
                 latency(web_url, port, run, workdir, args.subscribers, args.latency_events, mode, args.window)
