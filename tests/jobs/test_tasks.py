@@ -43,10 +43,26 @@ def test_a_queued_run_is_supervised_by_a_worker_and_its_events_arrive(
             },
             queue="cpu",
         )
-        fake.wait_for(lambda f: f.status == "succeeded" and f.conns and not f.connected, timeout=120)
+        try:
+            fake.wait_for(lambda f: f.status == "succeeded" and f.conns and not f.connected, timeout=120)
+        except AssertionError as exc:  # seen once in CI, unexplained: say where the run stopped
+            raise AssertionError(f"{exc}\n{where_it_stopped(tmp_path, 21)}") from None
     events = read_log(tmp_path / "runs" / "21" / "events.jsonl")
     assert fake.events() == events and events[-1]["state"] == "succeeded"
     assert fake.conns[0].attach
+
+
+def where_it_stopped(tmp_path: Path, run_id: int) -> str:
+    """What a worker test that timed out left: the broker's queue (the message still there: no
+    worker took it) and the run's directory (no directory: the task never started), with the
+    tails of the engine's output and event log."""
+    queued = sorted(p.name for p in (tmp_path / "broker" / "queue").glob("*")) if (tmp_path / "broker").exists() else []
+    run_dir = tmp_path / "runs" / str(run_id)
+    lines = [f"broker queue holds {len(queued)} message(s) {queued[:5]}", f"run directory exists: {run_dir.is_dir()}"]
+    for name in ("engine.log", "events.jsonl"):
+        if (run_dir / name).is_file():
+            lines.append(f"--- {name} (tail) ---\n" + (run_dir / name).read_text(errors="replace")[-3000:])
+    return "\n".join(lines)
 
 
 def test_worker_arguments_come_from_the_environment() -> None:
