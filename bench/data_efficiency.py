@@ -30,14 +30,27 @@ its resolution is ``--eval-every`` steps.
     python bench/data_efficiency.py            # the issue's size (600 steps per arm, eval 512 prompts)
     python bench/data_efficiency.py --quick    # a few steps per arm, eval 64 prompts
     python bench/data_efficiency.py --part selection --steps 300 --eval-every 30
+    python bench/data_efficiency.py --part selection --seeds 0,1,2 --arms uniform,difficulty_targeted
 
 All arms run in this process one after another (never in parallel), with the same seed.
+
+One run per arm decides little when runs of one arm differ as much as the arms do (uniform DAPO at
+lr 2e-4 ended at 0.859 and 0.939 in two runs). ``--seeds`` runs every selection arm once per seed
+(``trainer.seed``; the same seeds for every arm), a seed's arms one after another and their order
+rotated from one seed to the next, so that a drift in the machine's load falls on every arm alike
+and no arm always runs first. It prints each seed's figures as one run does, then per arm the
+median and the range across seeds of the time to +20 points, the time to uniform's final accuracy
+(the median of uniform's finals, one bar for every seed), the final accuracy and the generated
+tokens, and the ratio of the medians to uniform's. A bar an arm never reaches counts as later than
+any that it does. ``--arms`` picks the selection arms to run (uniform, the reference, always runs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -59,6 +72,7 @@ SELECTION_ARMS: list[tuple[str, list[str]]] = [
         ["data.selection=difficulty_targeted"],
     ),  # + replay.ratio from --replay-ratio
 ]
+ARM_NAMES = [name for name, _ in SELECTION_ARMS]
 
 
 def curve(run: PresetRun, key: str = "eval/accuracy") -> list[dict[str, float]]:
@@ -114,23 +128,34 @@ def _times(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
 
-def selection_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any]:
-    arms: dict[str, dict[str, Any]] = {}
-    for name, overrides in SELECTION_ARMS:
+def run_selection_arms(
+    args: argparse.Namespace, common: list[str], seed: int, names: list[str]
+) -> dict[str, Any]:
+    """Run the selection arms ``names`` (in that order) with ``trainer.seed`` ``seed``: their overrides,
+    wall time, eval curve and plateau windows, by arm in ``SELECTION_ARMS``' order."""
+    runs: dict[str, dict[str, Any]] = {}
+    for name in names:
+        overrides = dict(SELECTION_ARMS)[name]
         extra = [f"replay.ratio={args.replay_ratio}"] if "replay" in name else []
         print(f"  running {name} ({args.steps} steps) ...", flush=True)
-        run = run_preset("dapo", args.steps, args.eval_every, [*common, *overrides, *extra, *args.overrides])
+        run = run_preset(
+            "dapo", args.steps, args.eval_every,
+            [*common, f"trainer.seed={seed}", *overrides, *extra, *args.overrides],
+        )  # fmt: skip
         if run.code != 0:
-            raise SystemExit(f"{name}: the run exited with code {run.code}")
-        points = curve(run)
-        arms[name] = {
+            raise SystemExit(f"{name} (seed {seed}): the run exited with code {run.code}")
+        runs[name] = {
             "overrides": overrides + extra,
             "wall_s": run.wall_s,
-            "points": points,
+            "points": curve(run),
             "windows": windows(run, args.eval_every),
         }
-    start = arms["uniform"]["points"][0]["accuracy"]
-    uniform_final = arms["uniform"]["points"][-1]["accuracy"]
+    return {name: runs[name] for name in ARM_NAMES if name in runs}
+
+
+def score_selection(arms: dict[str, dict[str, Any]], uniform_final: float) -> None:
+    """Add to each arm its start and final accuracy, totals, the eval points where it first reaches
+    +20 points over its start and ``uniform_final``, and their time and token ratios to uniform's."""
     for arm in arms.values():
         pts = arm["points"]
         arm["start_accuracy"] = pts[0]["accuracy"]
@@ -150,7 +175,12 @@ def selection_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any
                 mine["tokens"] / ref["tokens"] if mine and ref and ref["tokens"] else None
             )
 
-    print(f"\nPart 1: selection. DAPO, {args.steps} steps, eval every {args.eval_every} on {args.eval_size} prompts, "
+
+def print_selection(args: argparse.Namespace, arms: dict[str, dict[str, Any]], title: str) -> None:
+    """One run per arm: the table of bars and ratios, the eval curves and the plateau windows."""
+    start = arms["uniform"]["start_accuracy"]
+    uniform_final = arms["uniform"]["final_accuracy"]
+    print(f"\n{title}. DAPO, {args.steps} steps, eval every {args.eval_every} on {args.eval_size} prompts, "
           f"start {start:.3f}, uniform's final {uniform_final:.3f}")  # fmt: skip
     print("| arm | run wall s | train s | gen tokens | final acc | +20 pts: step / s / tokens | vs uniform (s, tokens) "
           "| uniform's final: step / s / tokens | vs uniform (s, tokens) |")  # fmt: skip
@@ -178,7 +208,93 @@ def selection_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any
         for w in a["windows"]:
             cells = ", ".join(f"{k} {w[k]:.3g}" for k in PLATEAU_KEYS if k in w)
             print(f"    to step {w['step']}: {cells}")
+
+
+def selection_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any]:
+    arms = run_selection_arms(args, common, args.seed, args.arms)
+    start = arms["uniform"]["points"][0]["accuracy"]
+    uniform_final = arms["uniform"]["points"][-1]["accuracy"]
+    score_selection(arms, uniform_final)
+    print_selection(args, arms, "Part 1: selection")
     return {"start_accuracy": start, "uniform_final_accuracy": uniform_final, "arms": arms}
+
+
+SUMMARY_FIGURES: dict[str, tuple[str, Any]] = {
+    "+20 pts: s": (".1f", lambda a: a["to_gain"] and a["to_gain"]["seconds"]),
+    "uniform's final: s": (".1f", lambda a: a["to_median_final"] and a["to_median_final"]["seconds"]),
+    "final acc": (".3f", lambda a: a["final_accuracy"]),
+    "gen tokens": (",.0f", lambda a: a["tokens"]),
+}
+"""The seeds' summary per arm: its format and its value in one seed's scored arm (None: the bar is
+never reached, which sorts after every time that is)."""
+SUMMARY_RATIOS = ("+20 pts: s", "uniform's final: s", "gen tokens")
+
+
+def _order(values: list[float | None]) -> list[float]:
+    return sorted(math.inf if v is None else v for v in values)
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) else value
+
+
+def _reached(value: float | None, spec: str) -> str:
+    return "not reached" if value is None else format(value, spec)
+
+
+def selection_seeds_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any]:
+    """Every selection arm once per seed of ``args.seeds`` (order rotated per seed), each seed's
+    figures as ``selection_part``'s, then the median and range across seeds per arm."""
+    per_seed: dict[int, dict[str, dict[str, Any]]] = {}
+    for i, seed in enumerate(args.seeds):
+        print(f"  seed {seed}:", flush=True)
+        shift = i % len(args.arms)
+        arms = run_selection_arms(args, common, seed, args.arms[shift:] + args.arms[:shift])
+        score_selection(arms, arms["uniform"]["points"][-1]["accuracy"])
+        print_selection(args, arms, f"Part 1: selection, seed {seed}")
+        per_seed[seed] = arms
+    median_final = statistics.median(arms["uniform"]["final_accuracy"] for arms in per_seed.values())
+    for arms in per_seed.values():
+        for arm in arms.values():
+            arm["to_median_final"] = first_reaching(arm["points"], median_final)
+
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in per_seed[args.seeds[0]]:
+        summary[name] = {}
+        for label, (_, figure) in SUMMARY_FIGURES.items():
+            values = [figure(arms[name]) for arms in per_seed.values()]
+            ordered = _order(values)
+            summary[name][label] = {
+                "values": values,
+                "median": _finite(statistics.median(ordered)),
+                "min": _finite(ordered[0]),
+                "max": _finite(ordered[-1]),
+            }
+    for row in summary.values():
+        for label in SUMMARY_RATIOS:
+            mine, ref = row[label]["median"], summary["uniform"][label]["median"]
+            row[label]["ratio"] = mine / ref if mine is not None and ref else None
+
+    print(f"\nPart 1: selection over seeds {', '.join(map(str, args.seeds))}: median [min - max] across seeds; "
+          f"uniform's final is the median of uniform's final accuracies, {median_final:.3f}, for every seed")  # fmt: skip
+    header = [f"{label} | vs uniform" if label in SUMMARY_RATIOS else label for label in SUMMARY_FIGURES]
+    print("| arm | " + " | ".join(header) + " |")
+    print("| --- " * (1 + len(SUMMARY_FIGURES) + len(SUMMARY_RATIOS)) + "|")
+    for name, row in summary.items():
+        cells = []
+        for label, (spec, _) in SUMMARY_FIGURES.items():
+            fig = row[label]
+            med, low, high = (_reached(fig[k], spec) for k in ("median", "min", "max"))
+            cells.append(f"{med} [{low} - {high}]")
+            if label in SUMMARY_RATIOS:
+                cells.append(_times(fig["ratio"]))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    return {
+        "seeds": args.seeds,
+        "uniform_final_median": median_final,
+        "per_seed": {str(seed): arms for seed, arms in per_seed.items()},
+        "summary": summary,
+    }
 
 
 def continual_starter(stages: str, steps: int) -> str:
@@ -221,7 +337,7 @@ def continual_part(args: argparse.Namespace, common: list[str]) -> dict[str, Any
         print(f"  running continual {name} (2 x {args.stage_steps} steps) ...", flush=True)
         run = run_preset(
             "dapo", 2 * args.stage_steps, args.eval_every,
-            [*common, stages, f"replay.previous_stages={share}", *args.overrides],
+            [*common, f"trainer.seed={args.seed}", stages, f"replay.previous_stages={share}", *args.overrides],
         )  # fmt: skip
         if run.code != 0:
             raise SystemExit(f"continual {name}: the run exited with code {run.code}")
@@ -290,6 +406,17 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, help="eval interval in steps (default 50; quick 5)")
     ap.add_argument("--eval-size", type=int, help="held-out prompts per eval (default 512; quick 64)")
     ap.add_argument("--seed", type=int, default=0, help="trainer.seed of every arm")
+    ap.add_argument(
+        "--seeds",
+        type=lambda text: [int(seed) for seed in text.split(",")],
+        help="selection part: every arm once per seed (e.g. 0,1,2) and the median and range across seeds",
+    )
+    ap.add_argument(
+        "--arms",
+        type=lambda text: [name.strip() for name in text.split(",")],
+        default=ARM_NAMES,
+        help=f"selection arms to run, comma-separated, of: {', '.join(ARM_NAMES)} (uniform always runs)",
+    )
     ap.add_argument("--replay-ratio", type=float, default=0.25, help="replay.ratio of the replay arm")
     ap.add_argument(
         "--previous-stages", type=float, default=0.25, help="replay.previous_stages of the guarded arm"
@@ -308,6 +435,10 @@ def main() -> None:
     args.stage_steps = args.stage_steps or (5 if args.quick else 300)
     args.eval_every = args.eval_every or (5 if args.quick else 50)
     args.eval_size = args.eval_size or (64 if args.quick else 512)
+    unknown = set(args.arms) - set(ARM_NAMES)
+    if unknown:
+        raise SystemExit(f"--arms: unknown {', '.join(sorted(unknown))} (of: {', '.join(ARM_NAMES)})")
+    args.arms = [name for name in ARM_NAMES if name == "uniform" or name in args.arms]
     if args.stage_steps % args.eval_every:
         raise SystemExit(
             f"--stage-steps {args.stage_steps} must be a multiple of --eval-every {args.eval_every}"
@@ -315,16 +446,18 @@ def main() -> None:
     out = args.json or ROOT / ".cache" / "bench" / f"data_efficiency{'-quick' if args.quick else ''}.json"
 
     build_s = build_starter("arithmetic", 1)
-    print(f"starter policy ready in {build_s:.1f} s (cached after the first build); seed {args.seed}")
+    seeds = ", ".join(map(str, args.seeds)) if args.seeds and args.part != "continual" else args.seed
+    print(f"starter policy ready in {build_s:.1f} s (cached after the first build); seed {seeds}")
     if args.part in ("continual", "both"):
         print(continual_starter(continual_stages(args)[1], 2 * args.stage_steps), flush=True)
-    common = [f"trainer.seed={args.seed}", f"data.eval_size={args.eval_size}", "trainer.eval_pass_k=0"]
+    common = [f"data.eval_size={args.eval_size}", "trainer.eval_pass_k=0"]
     t0 = time.perf_counter()
     figures: dict[str, Any] = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     }
     if args.part in ("selection", "both"):
-        figures["selection"] = selection_part(args, common)
+        part = selection_seeds_part if args.seeds else selection_part
+        figures["selection"] = part(args, common)
     if args.part in ("continual", "both"):
         figures["continual"] = continual_part(args, common)
     figures["total_s"] = time.perf_counter() - t0
