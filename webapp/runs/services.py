@@ -25,7 +25,7 @@ from django.utils import timezone
 from engine.config import ConfigError, build_config, deep_merge
 from engine.rewards.policy import RewardPolicy
 from webapp.live import announce
-from webapp.runs import placement
+from webapp.runs import placement, selectors
 from webapp.runs.choices import FINAL_STATUSES, ParentKind, RunStatus
 from webapp.runs.ingest import InvalidEvent, stale_attempt_reason, store_events
 from webapp.runs.models import Checkpoint, InvalidTransition, Run, RunAttempt
@@ -284,7 +284,7 @@ def resume_run(run: Run, user: Any, checkpoint: Checkpoint | None = None, *, que
         run.refresh_from_db()
     resume_path = ""
     if checkpoint is None:
-        checkpoint = run.checkpoints.filter(Checkpoint.offered()).order_by("-step", "-seq").first()
+        checkpoint = selectors.resumable_checkpoints(run).first()
         if checkpoint is None:
             raise CannotResume(f"run {run.pk} has no checkpoint to resume from; fork it to start again from step 0")
         if not run.checkpoints.filter(superseded=True).exists():

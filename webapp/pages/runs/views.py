@@ -75,7 +75,7 @@ def _header_context(run: Run, role: Role | None, token: str = "") -> dict[str, A
     detail = serializers.run_out(run, role)
     shared = bool(token)
     checkpoints = [serializers.checkpoint_out(c) for c in run.checkpoints.order_by("step", "seq")]
-    resumable = [c for c in reversed(checkpoints) if not (c["superseded"] or c["deleted"])]
+    resumable = [serializers.checkpoint_out(c) for c in selectors.resumable_checkpoints(run)]
     total_steps = (detail["config"].get("trainer") or {}).get("total_steps")
     return {
         "run": detail,
