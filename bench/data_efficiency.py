@@ -68,6 +68,15 @@ SELECTION_ARMS: list[tuple[str, list[str]]] = [
     ("uniform", ["data.selection=uniform", "replay.ratio=0"]),
     ("difficulty_targeted", ["data.selection=difficulty_targeted", "replay.ratio=0"]),
     (
+        "likelihood_targeted",
+        [
+            "data.selection=difficulty_targeted",
+            "data.selection_options.predictor=answer_likelihood",
+            "data.selection_options.pool=256",
+            "replay.ratio=0",
+        ],
+    ),  # difficulty_targeted with the policy's answer likelihood as the predictor (engine/data/likelihood.py)
+    (
         "difficulty_targeted + replay",
         ["data.selection=difficulty_targeted"],
     ),  # + replay.ratio from --replay-ratio

@@ -23,6 +23,7 @@ from engine.checkpoint import load_state, resolve_checkpoint, restore_rng
 from engine.config import RunConfig
 from engine.contracts import EXIT_CANCELLED, EXIT_SUCCEEDED
 from engine.data import PromptSelector, load_prompts
+from engine.data.likelihood import AnswerScorer
 from engine.data.stages import StagedRewards, StagedSelector, combined_splits, load_stages
 from engine.events import EventHeartbeat
 from engine.log_bridge import LogBridge
@@ -211,6 +212,8 @@ def _train(
     elif cfg.rollout.in_own_process:
         phase(f"starting the rollout process ({len(splits.train)} training prompts loaded)")
     backend = build_rollout_backend(cfg, model, tokenizer, path, device)
+    if cfg.data.selection != "uniform" and cfg.data.selection_options.predictor == "answer_likelihood":
+        sampler.attach_scorer(AnswerScorer(backend, tokenizer, cfg.rollout.temperature))
     phase(f"preparing the {cfg.trainer.backend} trainer ({len(splits.train)} training prompts loaded)")
     trainer = make_trainer(cfg.trainer.backend, model, cfg, device=device, need_reference=needs_reference(cfg))
     learner = Learner(cfg, trainer)

@@ -68,7 +68,8 @@ class SelectionOptions(Section):
         ge=1,
         title="Candidates per batch",
         description="Prompts drawn uniformly each batch for the weights to choose from (all of them when "
-        "there are fewer); larger concentrates more and costs more.",
+        "there are fewer); larger concentrates more and costs more. With predictor 'answer_likelihood': the "
+        "most scored candidates kept between draws.",
     )
     references: int = Field(
         256,
@@ -89,6 +90,35 @@ class SelectionOptions(Section):
         gt=0.0,
         title="Similarity bandwidth",
         description="h in the kernel exp((cos - 1) / h) over character n-grams: smaller trusts only closer prompts.",
+    )
+    predictor: Literal["neighbours", "answer_likelihood"] = Field(
+        "neighbours",
+        title="Pass-rate predictor",
+        description="How a prompt's pass rate is predicted before its own rollouts say: 'neighbours' pools the "
+        "measured pass rates of textually similar prompts; 'answer_likelihood' asks the policy for the chance it "
+        "writes the reference answer (one forward, no generation; best where a correct completion is the short "
+        "answer itself, and it needs reference answers). See engine/data/likelihood.py.",
+    )
+    likelihood_strength: float = Field(
+        20.0,
+        gt=0.0,
+        title="Likelihood strength (answer_likelihood)",
+        description="c in the prior Beta(c q, c (1 - q)) of a prompt whose answer the policy writes with chance q: "
+        "how many completions' worth of evidence a score counts for against the prompt's own record.",
+    )
+    likelihood_candidates_per_pick: int = Field(
+        4,
+        ge=1,
+        title="Prompts scored per pick (answer_likelihood)",
+        description="Fresh prompts the policy scores for every prompt a draw picks (one forward each, no "
+        "generation): with a share f of prompts near a pass rate of 1/2, about 1 / f keeps the picks there.",
+    )
+    likelihood_max_age: int = Field(
+        8,
+        ge=0,
+        title="Score lifetime in policy versions (answer_likelihood)",
+        description="A scored candidate a draw did not pick waits in the pool (of at most 'pool', the best "
+        "kept) for later draws, for at most this many policy versions: the policy has moved since it was scored.",
     )
 
 
@@ -176,6 +206,21 @@ class DataConfig(Section):
             raise ValueError(
                 "data.selection_options: alpha and beta are both 0, which gives every prompt the same weight "
                 "under data.selection 'pace'; raise one of them, or use data.selection 'uniform'"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _likelihood_needs_answers(self) -> DataConfig:
+        if (
+            self.selection != "uniform"
+            and self.selection_options.predictor == "answer_likelihood"
+            and self.source != "builtin"
+            and not self.fields.answer
+        ):
+            raise ValueError(
+                "data.selection_options.predictor: 'answer_likelihood' scores the policy on each prompt's "
+                "reference answer, and data.fields.answer is unset; name the answer column in data.fields.answer, "
+                "or use predictor 'neighbours'"
             )
         return self
 

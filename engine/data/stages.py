@@ -27,6 +27,7 @@ from typing import Any
 from engine.config import RunConfig
 from engine.config.model_data import DataConfig
 from engine.config.stages import stage_at, stage_bounds
+from engine.data.likelihood import AnswerScorer
 from engine.data.prompt_stats import PromptRecord, PromptStats
 from engine.data.prompts import Prompt, PromptSplits, load_prompts
 from engine.data.selection import PromptSelector
@@ -142,6 +143,10 @@ class StagedSelector(PromptSelector):
     @property
     def stats(self) -> _StagedStats:  # type: ignore[override]
         return _StagedStats(self)
+
+    def attach_scorer(self, scorer: AnswerScorer) -> None:
+        for selector in self.selectors:
+            selector.attach_scorer(scorer)
 
     def begin_step(self, step: int) -> None:
         """The stage of step ``step`` draws the batches from now on."""

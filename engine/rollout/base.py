@@ -100,6 +100,16 @@ class RolloutBackend(Protocol):
         """Load new policy weights (full, unsharded tensors by parameter name) tagged ``version``."""
         ...
 
+    def continuation_logprobs(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], temperature: float = 1.0
+    ) -> list[float]:
+        """log P(continuation i | prompt i) under the current weights: the sum over the continuation's
+        tokens of log softmax(z / temperature) at each, teacher-forced (one forward, no sampling). The
+        same distribution a completion's ``logprobs`` are taken from, so exp of the sum is the chance
+        that sampling at ``temperature`` writes exactly that continuation (``data.selection_options
+        .predictor: answer_likelihood`` reads it as a pass-rate estimate, engine/data/likelihood.py)."""
+        ...
+
     def close(self) -> None:
         """Release the backend's memory and workers."""
         ...
@@ -131,3 +141,28 @@ def checked_inputs(
             raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
         prompt_lists.append(ids)
     return prompt_lists
+
+
+def checked_continuations(
+    prompts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    temperature: float,
+    vocab_size: int,
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt, continuation) pairs as lists of ints, after the same checks on every backend:
+    ``continuation_logprobs`` needs one non-empty continuation per prompt, token ids in the
+    vocabulary and a temperature > 0 (a greedy policy has no distribution to score under)."""
+    if len(prompts) != len(continuations):
+        raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations: one each")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"continuation_logprobs needs a temperature > 0, got {temperature}")
+    pairs = []
+    for i, (prompt, continuation) in enumerate(zip(prompts, continuations, strict=True)):
+        p, c = [int(t) for t in prompt], [int(t) for t in continuation]
+        for name, ids in (("prompt", p), ("continuation", c)):
+            if not ids:
+                raise ValueError(f"{name} {i} is empty: it needs at least one token")
+            if min(ids) < 0 or max(ids) >= vocab_size:
+                raise ValueError(f"{name} {i} has token ids outside [0, {vocab_size})")
+        pairs.append((p, c))
+    return pairs

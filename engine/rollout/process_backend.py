@@ -239,6 +239,16 @@ class ProcessRolloutBackend:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[PromptCompletions]:
         return self._call("generate", [list(map(int, p)) for p in prompts], params)
 
+    def continuation_logprobs(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], temperature: float = 1.0
+    ) -> list[float]:
+        return self._call(
+            "continuation_logprobs",
+            [list(map(int, p)) for p in prompts],
+            [list(map(int, c)) for c in continuations],
+            float(temperature),
+        )
+
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy the weights into the shared mapping, then have the child load them (checked there)."""
         with self._lock:
@@ -334,6 +344,11 @@ class _Server:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[PromptCompletions]:
         return self.backend.generate(prompts, params)
+
+    def continuation_logprobs(
+        self, prompts: list[list[int]], continuations: list[list[int]], temperature: float
+    ) -> list[float]:
+        return self.backend.continuation_logprobs(prompts, continuations, temperature)
 
     def attach(self, path: str, slots: list[_Slot]) -> None:
         self.weights = SharedWeights.attach(path, slots)

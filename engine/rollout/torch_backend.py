@@ -46,7 +46,14 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from engine.models.loading import sliding_window
-from engine.rollout.base import Completion, FinishReason, PromptCompletions, SamplingParams, checked_inputs
+from engine.rollout.base import (
+    Completion,
+    FinishReason,
+    PromptCompletions,
+    SamplingParams,
+    checked_continuations,
+    checked_inputs,
+)
 from engine.rollout.sampling import eos_token_ids, sequence_seed
 
 __all__ = ["TorchRolloutBackend"]
@@ -386,6 +393,47 @@ class TorchRolloutBackend:
                     continue  # the trainer's own tensor: already in place
                 target.copy_(source)
         self._version = int(version)
+
+    def continuation_logprobs(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], temperature: float = 1.0
+    ) -> list[float]:
+        """log P(continuation | prompt) of each pair at ``temperature`` (see the protocol): one
+        teacher-forced forward per ``max_batch_size`` pairs, left-padded so that every continuation
+        ends at the last position and only its logits are computed (``logits_to_keep``)."""
+        self._check_open()
+        pairs = checked_continuations(prompts, continuations, temperature, self.vocab_size)
+        out: list[float] = []
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(pairs), self.max_batch_size):
+                    out.extend(self._score_chunk(pairs[start : start + self.max_batch_size], temperature))
+        finally:
+            model.train(was_training)
+        return out
+
+    def _score_chunk(self, pairs: Sequence[tuple[list[int], list[int]]], temperature: float) -> list[float]:
+        length = max(len(p) + len(c) for p, c in pairs)
+        longest = max(len(c) for _, c in pairs)
+        ids = torch.full((len(pairs), length), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(pairs), length), dtype=torch.long)
+        for i, (p, c) in enumerate(pairs):
+            ids[i, length - len(p) - len(c) :] = torch.tensor(p + c)
+            mask[i, length - len(p) - len(c) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+        kwargs = {"logits_to_keep": longest + 1} if self._logits_to_keep else {}
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs).logits
+        # The logit at position t predicts token t + 1: the last ``longest + 1`` positions but the final
+        # one predict the last ``longest`` tokens, where every continuation (right-aligned) lies.
+        logits = logits[:, -(longest + 1) : -1].float() / temperature
+        targets = ids[:, -longest:]
+        token = logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        lengths = torch.tensor([len(c) for _, c in pairs], device=self.device)
+        inside = torch.arange(longest, device=self.device) >= (longest - lengths)[:, None]
+        return token.masked_fill(~inside, 0.0).sum(-1).tolist()
 
     def close(self) -> None:
         """Drop the references to the model and tokenizer; the backend cannot be used afterwards."""

@@ -53,7 +53,14 @@ from typing import Any
 
 import torch
 
-from engine.rollout.base import Completion, FinishReason, PromptCompletions, SamplingParams, checked_inputs
+from engine.rollout.base import (
+    Completion,
+    FinishReason,
+    PromptCompletions,
+    SamplingParams,
+    checked_continuations,
+    checked_inputs,
+)
 from engine.rollout.sampling import eos_token_ids, sequence_seed
 
 __all__ = ["VLLMRolloutBackend", "import_vllm"]
@@ -258,6 +265,33 @@ class VLLMRolloutBackend:
                 completions.append(Completion(ids, logprobs, text, reason, version, entropies=entropies))
             groups.append(PromptCompletions(prompt, completions))
         return groups
+
+    def continuation_logprobs(
+        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], temperature: float = 1.0
+    ) -> list[float]:
+        """log P(continuation | prompt) at ``temperature`` (see the protocol): each pair is one request
+        of prompt + continuation as the prompt, one new token, and ``prompt_logprobs=0`` (vLLM then
+        returns the log-prob of every prompt token after the first, at the logits it computed). The
+        temperature is folded into the model's logits scale as for sampling (the module docstring), and
+        the engine's ``raw_logprobs`` mode makes those log_softmax(z / T)."""
+        self._check_open()
+        pairs = checked_continuations(prompts, continuations, temperature, self.vocab_size)
+        if not pairs:
+            return []
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        request = VLLMSamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        inputs = [{"prompt_token_ids": p + c} for p, c in pairs]
+        self._logits_processor.scale = self._base_scale / temperature
+        try:
+            outputs = self._llm.generate(inputs, [request] * len(inputs), use_tqdm=False)
+        finally:
+            self._logits_processor.scale = self._base_scale
+        scores = []
+        for (p, c), out in zip(pairs, outputs, strict=True):
+            steps = out.prompt_logprobs[len(p) : len(p) + len(c)]  # entry j: the log-prob of token j
+            scores.append(sum(float(step[t].logprob) for step, t in zip(steps, c, strict=True)))
+        return scores
 
     # -- checks ---------------------------------------------------------------------------------------
 

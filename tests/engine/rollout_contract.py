@@ -272,3 +272,57 @@ class RolloutBackendContract:
         with pytest.raises(ValueError, match="shape"):
             backend.update_weights(bad, 3)
         assert backend.policy_version == 0
+
+    # -- continuation_logprobs: the answer-likelihood predictor's scorer ----------------------------------
+
+    def test_continuation_logprobs_equal_the_sampling_logprobs(self, backend, tokenizer):
+        """Scoring a sampled completion gives the sum of the log-probs it was sampled with, at the same
+        temperature: the scorer reads the distribution the sampler draws from (each token's log-prob
+        agrees to 1e-4 between decoding and a full forward, so the sums of up to 8 to 8e-4)."""
+        prompts = encode(tokenizer)
+        for temperature in (1.0, 0.7):
+            params = SamplingParams(n=2, temperature=temperature, max_new_tokens=8, seed=3)
+            groups = backend.generate(prompts, params)
+            pairs = [(g.prompt_ids, c.token_ids, sum(c.logprobs)) for g in groups for c in g.completions]
+            scores = backend.continuation_logprobs([p for p, _, _ in pairs], [c for _, c, _ in pairs], temperature)
+            assert len(scores) == len(pairs)
+            for (_, completion, expected), got in zip(pairs, scores):
+                assert got == pytest.approx(expected, abs=1e-4 * len(completion)), completion
+
+    def test_continuation_logprobs_do_not_depend_on_the_batch(self, backend, tokenizer):
+        prompts = encode(tokenizer)
+        continuations = encode(tokenizer, ("4", " seven", " world!", " nine eight"))
+        together = backend.continuation_logprobs(prompts, continuations, 1.0)
+        alone = [backend.continuation_logprobs([p], [c], 1.0)[0] for p, c in zip(prompts, continuations)]
+        assert together == pytest.approx(alone, abs=1e-4)
+        assert all(math.isfinite(s) and s < 0 for s in together)
+        # A continuation extends its own first token: its probability can only be smaller.
+        assert len(continuations[3]) > 1
+        first = backend.continuation_logprobs(prompts[3:], [continuations[3][:1]], 1.0)[0]
+        assert together[3] < first
+
+    def test_continuation_logprobs_follow_the_weights(self, backend, tokenizer, policy_weights):
+        prompts = encode(tokenizer)
+        continuations = encode(tokenizer, ("4", " seven", " world!", " nine eight"))
+        before = backend.continuation_logprobs(prompts, continuations, 1.0)
+        perturbed = {
+            k: (v + 0.5 * torch.sin(1000.0 * v + 1.0) if v.is_floating_point() else v)
+            for k, v in policy_weights.items()
+        }
+        with restored(backend, policy_weights):
+            backend.update_weights(perturbed, 1)
+            after = backend.continuation_logprobs(prompts, continuations, 1.0)
+            assert all(abs(a - b) > 1e-3 for a, b in zip(before, after))
+        assert backend.continuation_logprobs(prompts, continuations, 1.0) == pytest.approx(before, abs=1e-5)
+
+    def test_continuation_logprobs_refuse_bad_input(self, backend, tokenizer):
+        prompts = encode(tokenizer)
+        with pytest.raises(ValueError, match="continuation 1 is empty"):
+            backend.continuation_logprobs(prompts[:2], [[5], []], 1.0)
+        with pytest.raises(ValueError, match="one each"):
+            backend.continuation_logprobs(prompts[:2], [[5]], 1.0)
+        with pytest.raises(ValueError, match="temperature > 0"):
+            backend.continuation_logprobs(prompts[:1], [[5]], 0.0)
+        with pytest.raises(ValueError, match="outside"):
+            backend.continuation_logprobs(prompts[:1], [[10**9]], 1.0)
+        assert backend.continuation_logprobs([], [], 1.0) == []
