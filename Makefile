@@ -40,13 +40,14 @@ test: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
 
 # Two pytest-xdist workers, one core each (tests/workers.py gives each one intra-op thread and its
 # own Redis database); a file's tests stay on one worker, so module fixtures are built once.
-# `make test PYTEST_WORKERS=0` runs in one process.
+# `make test PYTEST_WORKERS=0` runs in one process. --durations lists the slowest tests at the end
+# of each pass: where the suite's time goes (the README keeps it well under 30 minutes).
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 test: install lint test-js browser
-	$(PY) -m pytest -q $(XDIST)
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q $(XDIST) tests/webapp
+	$(PY) -m pytest -q $(XDIST) --durations=30
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q $(XDIST) --durations=10 tests/webapp
 
 # The quick lane while working: ruff and every test not marked slow (learning, DeepSpeed, vLLM,
 # end-to-end deployments, and what needs the starter policy, which a fresh data directory builds

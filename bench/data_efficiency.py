@@ -103,10 +103,15 @@ PLATEAU_KEYS = {
     "gen rounds": "filter/gen_rounds",
     "train acc": "train/accuracy",
     "s/step": "timing_s/step",
+    "gen s": "timing_s/gen",
+    "update s": "timing_s/update",
+    "scoring s": "selection/scoring_s",
 }
 """What says why a curve flattens, averaged per eval window: the policy's entropy (exploration
 left), the share of sampled groups with all-equal rewards (no GRPO signal: DAPO regenerates them,
-``filter/gen_rounds``), the sampled completions' accuracy, and the step time those rounds cost."""
+``filter/gen_rounds``), the sampled completions' accuracy, the step time those rounds cost, and
+where a step's time goes: generation, the update and (``predictor: answer_likelihood``) scoring the
+candidates."""
 
 
 def windows(run: PresetRun, every: int) -> list[dict[str, float]]:

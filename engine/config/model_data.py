@@ -106,19 +106,22 @@ class SelectionOptions(Section):
         description="c in the prior Beta(c q, c (1 - q)) of a prompt whose answer the policy writes with chance q: "
         "how many completions' worth of evidence a score counts for against the prompt's own record.",
     )
-    likelihood_candidates_per_pick: int = Field(
-        4,
-        ge=1,
-        title="Prompts scored per pick (answer_likelihood)",
-        description="Fresh prompts the policy scores for every prompt a draw picks (one forward each, no "
-        "generation): with a share f of prompts near a pass rate of 1/2, about 1 / f keeps the picks there.",
+    likelihood_candidates_per_pick: float = Field(
+        2.0,
+        gt=0.0,
+        title="Candidates with a signal per pick (answer_likelihood)",
+        description="c: a draw of k prompts scores c k / (1 - P0) fresh prompts, P0 the share of uniformly drawn "
+        "groups predicted to have all-equal rewards (few early in a run, most once the policy solves most "
+        "prompts), so that about c candidates a pick can carry a learning signal. Scoring is one forward a "
+        "prompt, no generation; larger concentrates more and costs more.",
     )
     likelihood_max_age: int = Field(
-        8,
+        0,
         ge=0,
         title="Score lifetime in policy versions (answer_likelihood)",
         description="A scored candidate a draw did not pick waits in the pool (of at most 'pool', the best "
-        "kept) for later draws, for at most this many policy versions: the policy has moved since it was scored.",
+        "kept) for later draws, for at most this many policy versions after it was scored (the policy moves "
+        "on). 0: only draws under the same weights reuse it (DAPO's later rounds of a step).",
     )
 
 

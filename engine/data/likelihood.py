@@ -33,13 +33,17 @@ scoring four prompts costs about what one group costs. Scoring a fresh pool of 2
 every draw (DAPO draws 4-7 times a step), as a first prototype did, cost more than the generation
 it saved: in 600-step runs it reached uniform's final accuracy in 12% fewer steps on a third of the
 tokens, and took 407-450 s against uniform's 327-356. So scoring follows the picks, and what is
-scored is kept: :class:`CandidatePool`. A draw of ``want`` prompts scores
-``likelihood_candidates_per_pick * want`` freshly drawn prompts (one call, with the exploration
-floor's prompts), picks by weight among them and the candidates earlier draws left, and keeps the
-best ``pool`` of the rest (by weight) for the next draws, each for at most ``likelihood_max_age``
-policy versions after it was scored (the policy has moved since). With a share f of prompts near a
-pass rate of 1/2, a fresh draw holds f * per_pick of them per pick; leftovers make up a shortfall.
-DAPO's later rounds of a step want fewer prompts (``round_size: deficit``) and so score fewer.
+scored is kept: :class:`CandidatePool`. A draw of ``want`` prompts scores c want / (1 - P0) freshly
+drawn prompts (c = ``likelihood_candidates_per_pick``, P0 the share of uniformly drawn groups
+predicted to have all-equal rewards, from the last fresh candidates), in one call with the
+exploration floor's prompts: about c candidates a pick that carry a learning signal, so few early in
+a run (most prompts have one) and many once most are solved, where the generation they save is
+largest. It picks by weight among them and the candidates earlier draws left, and keeps the best
+``pool`` of the rest (by weight) for the next draws, each for at most ``likelihood_max_age`` policy
+versions after it was scored. The default, 0, reuses a score only under the weights that gave it,
+i.e. in DAPO's later rounds of the same step, which want fewer prompts (``round_size: deficit``).
+A lifetime of 8 versions let the best leftovers, scored near 1/2 while the policy kept improving on
+them, crowd the picks: at lr 2e-4 (seed 0) 0.855 eval accuracy at step 300 against 0.871 with 0.
 
 The pool is saved with the selection's state (uids, the versions they were scored at, their
 scores), so a resumed run draws what an uninterrupted one would.

@@ -58,7 +58,8 @@ How a weighted batch of k prompts is drawn:
    chance q of writing the prompt's reference answer, Beta(c q, c (1 - q)) (``engine/data/likelihood.py``:
    it correlates 0.80 with measured pass rates where the neighbours' kernel reaches 0.15-0.22), and
    the candidates are not a fresh uniform pool but a standing one that each draw tops up with
-   ``likelihood_candidates_per_pick`` scored prompts per pick (scoring costs a forward a prompt);
+   c / (1 - P0) scored prompts per pick (c = ``likelihood_candidates_per_pick``, P0 what a uniform
+   draw expects; scoring costs a forward a prompt);
 4. **draw**: the rest of the batch without replacement with probability proportional to w
    among the candidates, by Gumbel-top-k (the k largest of log w_i + G_i, G_i ~ Gumbel(0, 1), are a
    sample without replacement proportional to w: Kool, van Hoof and Welling 2019, "Stochastic
@@ -252,6 +253,7 @@ class PromptSelector:
         self._tally = _StepTally()
         self.scorer: AnswerScorer | None = None
         self.candidates = CandidatePool()  # answer_likelihood's standing pool (engine/data/likelihood.py)
+        self.uniform_zero_var = 0.5  # answer_likelihood: P0 a uniform draw expects (``_fresh_count``)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, prompts: Sequence[Prompt]) -> PromptSelector:
@@ -388,7 +390,7 @@ class PromptSelector:
         n, taken = len(self._prompts), set(pool.positions) | set(explored)
         if len(pool) + n - len(taken) < want:  # too few prompts: the explored ones may repeat
             taken = set(pool.positions)
-        fresh = min(max(want * o.likelihood_candidates_per_pick, want - len(pool)), n - len(taken)) if want else 0
+        fresh = min(max(self._fresh_count(want), want - len(pool)), n - len(taken)) if want else 0
         new: list[int] = []
         if fresh > 0:
             drawn = rng.choice(n, size=min(n, fresh + len(taken)), replace=False).tolist()
@@ -400,6 +402,8 @@ class PromptSelector:
         pool.add(new, version, q[m:])
         a, b, measured = self.predictive(explored + pool.positions, np.concatenate([q[:m], pool.scores]))
         zero_var = beta_binomial_zero_variance(a, b, self.group_size)
+        if new:  # the fresh candidates are a uniform draw: their mean P0 is what a uniform batch expects
+            self.uniform_zero_var = float(zero_var[m + len(pool) - len(new) :].mean())
         self._note_chosen(a[:m], b[:m], measured[:m], zero_var[:m])
         if want <= 0 or not len(pool):
             return [self._prompts[i] for i in explored]
@@ -408,6 +412,15 @@ class PromptSelector:
         logw = log_weights(a[m:], b[m:], self.selection, o, self.group_size, zero_var[m:])
         pool.keep_best(logw, set(picked), o.pool)
         return [self._prompts[i] for i in explored + chosen]
+
+    def _fresh_count(self, want: int) -> int:
+        """Fresh candidates to score for ``want`` picks: ``likelihood_candidates_per_pick`` per pick,
+        divided by the share of uniformly drawn prompts whose groups carry a signal, 1 - P0 (the
+        fresh candidates' mean predicted P0 at the last draw that scored any; 1/2 before): a uniform
+        draw of c / (1 - P0) prompts holds about c with a signal. Early in a run most prompts have one
+        and a few candidates a pick do; once most are solved it takes many (at most 16 c a pick)."""
+        signal = max(1.0 - self.uniform_zero_var, 1.0 / 16)
+        return math.ceil(want * self.options.likelihood_candidates_per_pick / signal - 1e-9)
 
     def _pool(self, want: int, exclude: set[int]) -> tuple[list[int], np.random.Generator]:
         """The candidates of a weighted draw of ``want`` prompts, and the draw's random stream."""
@@ -486,6 +499,8 @@ class PromptSelector:
         state["selection"] = {"draws": self.draws, "stats": self.stats.state_dict()}
         if len(self.candidates):
             state["selection"]["candidates"] = self.candidates.state_dict([p.uid for p in self._prompts])
+        if self.uses_likelihood:
+            state["selection"]["uniform_zero_var"] = self.uniform_zero_var
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -496,6 +511,7 @@ class PromptSelector:
         self.stats = PromptStats(self.options.half_life, self._index)
         self.stats.load_state_dict(saved.get("stats", {}), known=self._index)
         self.candidates = CandidatePool.from_state(saved.get("candidates", {}), self._index)
+        self.uniform_zero_var = float(saved.get("uniform_zero_var", 0.5))
         self._tally = _StepTally()
         if self._refs is not None:
             self._slot[self._refs.positions] = -1

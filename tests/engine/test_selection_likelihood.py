@@ -66,7 +66,13 @@ def answered(per_class: int) -> list[Prompt]:
 
 
 def likelihood_selector(prompts, *, pool=32, max_age=4, explore=0.1, seed=0):
-    options = SelectionOptions(predictor="answer_likelihood", pool=pool, likelihood_max_age=max_age, explore=explore)
+    options = SelectionOptions(
+        predictor="answer_likelihood",
+        pool=pool,
+        likelihood_max_age=max_age,
+        explore=explore,
+        likelihood_candidates_per_pick=2.0,
+    )
     selector = PromptSelector(prompts, selection="difficulty_targeted", options=options, seed=seed, group_size=4)
     policy = CalibratedPolicy(prompts)
     selector.attach_scorer(AnswerScorer(policy, Words(), temperature=1.0))
@@ -131,25 +137,31 @@ def test_likelihood_targeting_picks_the_prompts_near_one_half() -> None:
 
 
 def test_the_pool_keeps_the_best_leftovers_for_later_draws() -> None:
-    """A draw scores the explored prompt and candidates_per_pick fresh prompts per pick, never more;
-    the candidates it did not pick wait for later draws, the best ``pool`` of them, for at most
-    max_age versions: the pool never exceeds its size, holds no stale score, and keeps the
-    prompts near 1/2 that the picks did not need rather than the others."""
+    """A draw scores the explored prompt and c / (1 - P0) fresh prompts per pick, P0 the mean predicted
+    chance of a zero-variance group of the last fresh candidates (1/2 before any: 2 / 0.5 = 4 a pick;
+    on this population 0.97^4 + 0.03^4 = 0.885 for two thirds of the prompts and 1/8 for the rest
+    under their Beta(20 q, 20 (1 - q)) predictives, 0.63 in all, so ~5.4 a pick after); the
+    candidates it did not pick wait for later draws, the best ``pool`` of them, for at most max_age
+    versions: the pool never exceeds its size, holds no stale score, and keeps the prompts near 1/2
+    that the picks did not need rather than the others."""
     prompts = answered(100)
     selector, policy = likelihood_selector(prompts, pool=24, max_age=2)
     rng = np.random.default_rng(0)
     for step in range(1, 13):
         policy.policy_version = step // 3
+        expected = 1 + math.ceil(7 * 2.0 / (1 - selector.uniform_zero_var) - 1e-9)
         batch = selector.next_batch(8)
-        assert policy.calls[-1] == 1 + 4 * 7  # the explored prompt, 4 fresh prompts for each of 7 picks
+        assert policy.calls[-1] == expected  # the explored prompt and the fresh candidates
         assert len(selector.candidates) <= 24
         assert all(policy.policy_version - v <= 2 for v in selector.candidates.versions)
         assert not {p.uid for p in batch[1:]} & {prompts[i].uid for i in selector.candidates.positions}
         for p in batch:
             selector.observe(p.uid, outcome(rng, p, 4), step)
+    assert policy.calls[0] == 1 + 4 * 7
+    assert np.mean(policy.calls[1:]) > 1 + 4 * 7  # two thirds of the prompts have P0 ~0.88: more than 1/2
     kinds = [prompts[i].uid.split("-")[0] for i in selector.candidates.positions]
-    # 28 fresh prompts a draw hold ~9.3 of the 0.5 class, the picks take 7: the surplus stays (a uniform
-    # pool would hold a third of them).
+    # ~38 fresh prompts a draw hold ~12.7 of the 0.5 class, the picks take 7: the surplus stays (a
+    # uniform pool would hold a third of them).
     assert len(kinds) == 24 and kinds.count("mid") >= 16, kinds
     policy.policy_version += 3  # every candidate expires: the next draw starts from fresh ones alone
     selector.next_batch(8)
@@ -271,7 +283,13 @@ def likelihood_run(tiny_model_dir: Path, out: Path, **overrides) -> dict:
     raw["data"].update(
         {
             "selection": "difficulty_targeted",
-            "selection_options": {"predictor": "answer_likelihood", "pool": 16, "explore": 0.25, "likelihood_max_age": 1},
+            "selection_options": {
+                "predictor": "answer_likelihood",
+                "pool": 16,
+                "explore": 0.25,
+                "likelihood_max_age": 1,
+                "likelihood_candidates_per_pick": 2.0,
+            },
         }
     )
     return raw
@@ -279,13 +297,14 @@ def likelihood_run(tiny_model_dir: Path, out: Path, **overrides) -> dict:
 
 def test_resume_with_likelihood_selection_makes_the_same_choices(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A real run scores its candidates with its own policy (selection/scored_prompts: the explored
-    prompt and 4 fresh prompts for each of the 3 picks, every step); resumed from the step-2 checkpoint, steps 3-4 draw what the straight
+    prompt and c / (1 - P0) fresh prompts for each of the 3 picks, 4 at the first draw); resumed from the step-2 checkpoint, steps 3-4 draw what the straight
     run drew, from the same saved pool, and end with the same selection state."""
     raw = likelihood_run(tiny_model_dir, tmp_path / "a")
     assert execute(build_config(raw)) == EXIT_SUCCEEDED
     events = read_events(tmp_path / "a" / "events.jsonl")
     straight = deterministic(metrics_by_step(events))
-    assert all(straight[s]["selection/scored_prompts"] == 1 + 4 * 3 for s in (1, 2, 3, 4))
+    assert straight[1]["selection/scored_prompts"] == 1 + 4 * 3
+    assert all(1 + 3 <= straight[s]["selection/scored_prompts"] <= 1 + 16 * 2 * 3 for s in (2, 3, 4))
     checkpoints = [Path(e["path"]) for e in events if e["type"] == "checkpoint"]
     saved = json.loads((checkpoints[0] / "state.json").read_text())["sampler"]["selection"]
     assert 0 < len(saved["candidates"]["uids"]) <= 16  # the leftovers of step 2's draw (and step 1's)
