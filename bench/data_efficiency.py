@@ -3,7 +3,9 @@ earlier-stage replay against forgetting, from the arithmetic starter policy with
 
 Part 1, selection. The same DAPO run (same seed, steps, prompts per step, evals) with
 ``data.selection`` uniform, with ``difficulty_targeted`` (DOTS: prompts whose estimated pass rate is
-near 1/2), and with ``difficulty_targeted`` plus rollout replay (``replay.ratio``; RR). Both from
+near 1/2, predicted from similar prompts), with ``likelihood_targeted`` (the same selection with the
+policy's own likelihood of the reference answer as the predictor, ``predictor: answer_likelihood``),
+and with ``difficulty_targeted`` plus rollout replay (``replay.ratio``; RR). Both from
 Sun et al. 2025, "Improving Data Efficiency for LLM RL Fine-tuning Through Difficulty-targeted
 Online Data Selection and Rollout Replay", arXiv:2506.05316, which reports 23-62% less wall time to
 the same accuracy. Per arm: the training time and generated tokens to reach +20 points of greedy
