@@ -212,7 +212,7 @@ def _train(
     elif cfg.rollout.in_own_process:
         phase(f"starting the rollout process ({len(splits.train)} training prompts loaded)")
     backend = build_rollout_backend(cfg, model, tokenizer, path, device)
-    if cfg.data.selection != "uniform" and cfg.data.selection_options.predictor == "answer_likelihood":
+    if cfg.data.scores_answers:
         sampler.attach_scorer(AnswerScorer(backend, tokenizer, cfg.rollout.temperature))
     phase(f"preparing the {cfg.trainer.backend} trainer ({len(splits.train)} training prompts loaded)")
     trainer = make_trainer(cfg.trainer.backend, model, cfg, device=device, need_reference=needs_reference(cfg))

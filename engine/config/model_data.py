@@ -102,6 +102,7 @@ class SelectionOptions(Section):
     likelihood_strength: float = Field(
         20.0,
         gt=0.0,
+        le=1e6,
         title="Likelihood strength (answer_likelihood)",
         description="c in the prior Beta(c q, c (1 - q)) of a prompt whose answer the policy writes with chance q: "
         "how many completions' worth of evidence a score counts for against the prompt's own record.",
@@ -109,6 +110,7 @@ class SelectionOptions(Section):
     likelihood_candidates_per_pick: float = Field(
         2.0,
         gt=0.0,
+        le=64.0,
         title="Candidates with a signal per pick (answer_likelihood)",
         description="c: a draw of k prompts scores c k / (1 - P0) fresh prompts, P0 the share of uniformly drawn "
         "groups predicted to have all-equal rewards (few early in a run, most once the policy solves most "
@@ -123,6 +125,12 @@ class SelectionOptions(Section):
         "kept) for later draws, for at most this many policy versions after it was scored (the policy moves "
         "on). 0: only draws under the same weights reuse it (DAPO's later rounds of a step).",
     )
+
+
+def scores_answers(selection: str, options: SelectionOptions) -> bool:
+    """Whether a run's selection scores prompts with the policy (``predictor: answer_likelihood``; the
+    uniform selection never weighs its prompts, so it keeps the neighbours' estimates for its metrics)."""
+    return selection != "uniform" and options.predictor == "answer_likelihood"
 
 
 class DataConfig(Section):
@@ -212,14 +220,13 @@ class DataConfig(Section):
             )
         return self
 
+    @property
+    def scores_answers(self) -> bool:
+        return scores_answers(self.selection, self.selection_options)
+
     @model_validator(mode="after")
     def _likelihood_needs_answers(self) -> DataConfig:
-        if (
-            self.selection != "uniform"
-            and self.selection_options.predictor == "answer_likelihood"
-            and self.source != "builtin"
-            and not self.fields.answer
-        ):
+        if self.scores_answers and self.source != "builtin" and not self.fields.answer:
             raise ValueError(
                 "data.selection_options.predictor: 'answer_likelihood' scores the policy on each prompt's "
                 "reference answer, and data.fields.answer is unset; name the answer column in data.fields.answer, "

@@ -52,7 +52,6 @@ scores), so a resumed run draws what an uninterrupted one would.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -99,7 +98,7 @@ class AnswerScorer:
     The reference completions are tokenised once per prompt, followed by the tokenizer's EOS token (a
     correct completion stops there, as the starter policy was taught: ``engine/models/starter.py``).
     ``temperature`` is the rollout's (1 when the rollouts are greedy: a greedy policy has no
-    distribution). ``seconds`` and ``scored`` add up the calls, for the ``selection/*`` metrics."""
+    distribution)."""
 
     def __init__(self, backend: ContinuationScorer, tokenizer: Any, temperature: float) -> None:
         self.backend = backend
@@ -107,8 +106,6 @@ class AnswerScorer:
         self.temperature = float(temperature) if temperature > 0 else 1.0
         self._eos = tokenizer.eos_token_id
         self._ids: dict[str, list[int] | None] = {}
-        self.seconds = 0.0
-        self.scored = 0
 
     @property
     def version(self) -> int:
@@ -133,13 +130,10 @@ class AnswerScorer:
         out = np.full(len(prompts), np.nan)
         have = [i for i, c in enumerate(continuations) if c and prompts[i].token_ids]
         if have:
-            start = time.perf_counter()
             with PHASE("generate"):  # a forward on the rollout backend's weights, memory as generation's
                 logprobs = self.backend.continuation_logprobs(
                     [prompts[i].token_ids for i in have], [continuations[i] for i in have], self.temperature
                 )
-            self.seconds += time.perf_counter() - start
-            self.scored += len(have)
             out[have] = np.clip(np.exp(np.asarray(logprobs, dtype=np.float64)), Q_FLOOR, 1.0 - Q_FLOOR)
         return out
 
@@ -193,11 +187,11 @@ class CandidatePool:
         self.versions = [self.versions[i] for i in rows]
         self.scores = [self.scores[i] for i in rows]
 
-    def state_dict(self, uids: Sequence[str]) -> dict[str, list]:
+    def state_dict(self, prompts: Sequence[Prompt]) -> dict[str, list]:
         """By uid (stable across a reload of the data); scores as floats, which JSON round-trips
         exactly (NaN as null)."""
         return {
-            "uids": [uids[p] for p in self.positions],
+            "uids": [prompts[p].uid for p in self.positions],
             "versions": list(self.versions),
             "scores": [None if math.isnan(s) else s for s in self.scores],
         }

@@ -130,7 +130,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import DataConfig, RunConfig
-from engine.config.model_data import SelectionOptions
+from engine.config.model_data import SelectionOptions, scores_answers
 from engine.data.likelihood import AnswerScorer, CandidatePool, likelihood_beta
 from engine.data.prompt_stats import PRIOR_A, PRIOR_B, PromptRecord, PromptStats
 from engine.data.prompts import Prompt, PromptSampler
@@ -274,7 +274,7 @@ class PromptSelector:
     def uses_likelihood(self) -> bool:
         """Whether draws score candidates with the policy (``predictor: answer_likelihood``; the
         uniform selection never weighs its prompts, so it keeps the neighbours' estimates for its metrics)."""
-        return self.selection != "uniform" and self.options.predictor == "answer_likelihood"
+        return scores_answers(self.selection, self.options)
 
     def attach_scorer(self, scorer: AnswerScorer) -> None:
         """The policy's scorer for ``predictor: answer_likelihood`` (the rollout backend exists only
@@ -364,7 +364,7 @@ class PromptSelector:
         self._note_chosen(a[:m], b[:m], measured[:m], zero_var[:m])
         if rng is None:
             return [self._prompts[i] for i in explored]
-        picked = self._weighted(k - m, a[m:], b[m:], measured[m:], zero_var[m:], rng)
+        picked, _ = self._weighted(k - m, a[m:], b[m:], measured[m:], zero_var[m:], rng)
         return [self._prompts[i] for i in explored + [pool[j] for j in picked]]
 
     def _likelihood_batch(self, k: int) -> list[Prompt]:
@@ -407,9 +407,8 @@ class PromptSelector:
         self._note_chosen(a[:m], b[:m], measured[:m], zero_var[:m])
         if want <= 0 or not len(pool):
             return [self._prompts[i] for i in explored]
-        picked = self._weighted(want, a[m:], b[m:], measured[m:], zero_var[m:], rng)
+        picked, logw = self._weighted(want, a[m:], b[m:], measured[m:], zero_var[m:], rng)
         chosen = [pool.positions[j] for j in picked]
-        logw = log_weights(a[m:], b[m:], self.selection, o, self.group_size, zero_var[m:])
         pool.keep_best(logw, set(picked), o.pool)
         return [self._prompts[i] for i in explored + chosen]
 
@@ -440,8 +439,9 @@ class PromptSelector:
         measured: np.ndarray,
         zero_var: np.ndarray,
         rng: np.random.Generator,
-    ) -> list[int]:
-        """Positions in the pool of ``want`` candidates drawn by their weights (Gumbel-top-k)."""
+    ) -> tuple[list[int], np.ndarray]:
+        """Positions in the pool of ``want`` candidates drawn by their weights (Gumbel-top-k), and the
+        candidates' log weights."""
         logw = log_weights(a, b, self.selection, self.options, self.group_size, zero_var)
         self._tally.pool += len(a)
         self._tally.pool_zero_var += float(zero_var.sum())
@@ -451,7 +451,7 @@ class PromptSelector:
             keys = logw + rng.gumbel(size=len(a))
             picked.extend(np.argsort(-keys, kind="stable")[: want - len(picked)].tolist())
         self._note_chosen(a[picked], b[picked], measured[picked], zero_var[picked])
-        return picked
+        return picked, logw
 
     def _note_chosen(self, a: np.ndarray, b: np.ndarray, measured: np.ndarray, zero_var: np.ndarray) -> None:
         t = self._tally
@@ -498,7 +498,7 @@ class PromptSelector:
         state = self.epochs.state_dict()
         state["selection"] = {"draws": self.draws, "stats": self.stats.state_dict()}
         if len(self.candidates):
-            state["selection"]["candidates"] = self.candidates.state_dict([p.uid for p in self._prompts])
+            state["selection"]["candidates"] = self.candidates.state_dict(self._prompts)
         if self.uses_likelihood:
             state["selection"]["uniform_zero_var"] = self.uniform_zero_var
         return state

@@ -111,7 +111,6 @@ def test_the_scorer_reads_the_policy_chance_of_the_reference_completion(tiny_mod
     assert q[[0, 2]] == pytest.approx(np.clip(np.exp(expected), Q_FLOOR, 1 - Q_FLOOR), rel=1e-6)
     assert math.isnan(q[1])
     assert q[0] > Q_FLOOR  # a real chance, not the floor: the check above compared the model's figures
-    assert scorer.scored == 2 and scorer.seconds > 0
     assert AnswerScorer(backend, tokenizer, temperature=0.0).temperature == 1.0  # greedy rollouts: T = 1
 
 
@@ -212,7 +211,7 @@ def test_a_restored_pool_draws_what_the_original_draws() -> None:
 def test_a_saved_pool_keeps_unscored_candidates_and_drops_unknown_prompts() -> None:
     pool = CandidatePool()
     pool.add([0, 2], 3, np.array([0.25, np.nan]))
-    state = json.loads(json.dumps(pool.state_dict(["a", "b", "c"])))
+    state = json.loads(json.dumps(pool.state_dict([Prompt(uid=u, text=u, raw=u) for u in "abc"])))
     assert state == {"uids": ["a", "c"], "versions": [3, 3], "scores": [0.25, None]}
     back = CandidatePool.from_state(state, {"c": 0, "d": 1})
     assert back.positions == [0] and back.versions == [3] and math.isnan(back.scores[0])
@@ -260,6 +259,12 @@ def test_likelihood_selection_stays_in_bounds_and_starves_no_prompt(
 def test_likelihood_config() -> None:
     cfg = load_config("dapo", ["data.selection=difficulty_targeted", "data.selection_options.predictor=answer_likelihood"])
     assert cfg.data.selection_options.likelihood_strength == 20.0
+    assert cfg.data.scores_answers and not load_config("dapo", ["data.selection_options.predictor=answer_likelihood"]).data.scores_answers
+    # Unbounded, these overflowed a draw: c k / (1 - P0) past 1.8e308 is inf (math.ceil raises), and an
+    # infinite strength made every prior Beta(inf, inf) (NaN weights).
+    for field, value in (("likelihood_candidates_per_pick", "1e308"), ("likelihood_strength", "inf")):
+        with pytest.raises(ConfigError, match=rf"data.selection_options.{field}: Input should be less than or equal"):
+            load_config("dapo", [f"data.selection_options.{field}={value}"])
     with pytest.raises(ConfigError, match=r"data.selection_options.predictor: Input should be 'neighbours' or"):
         load_config("dapo", ["data.selection_options.predictor=embedding"])
     with pytest.raises(ConfigError, match=r"data.fields.answer is unset; name the answer column"):
