@@ -167,6 +167,13 @@ def test_the_pool_keeps_the_best_leftovers_for_later_draws() -> None:
     assert all(v == policy.policy_version for v in selector.candidates.versions)
 
 
+def test_the_pool_keeps_the_leftovers_of_highest_weight() -> None:
+    pool = CandidatePool()
+    pool.add([10, 11, 12, 13, 14], 0, np.array([0.1, 0.5, 0.9, 0.5, 0.2]))
+    pool.keep_best(np.array([0.0, 3.0, 1.0, 2.0, 5.0]), picked={4}, size=2)  # row 4 is in the batch
+    assert (pool.positions, pool.scores) == ([11, 13], [0.5, 0.5])
+
+
 def test_no_scorer_is_a_clear_error() -> None:
     options = SelectionOptions(predictor="answer_likelihood")
     selector = PromptSelector(answered(3), selection="difficulty_targeted", options=options)
