@@ -40,12 +40,10 @@ test: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
 
 # Two pytest-xdist workers, one core each (tests/workers.py gives each one intra-op thread and its
 # own Redis database); a file's tests stay on one worker, so module fixtures are built once.
-# `make test PYTEST_WORKERS=0` runs in one process. The files go out longest first, as
-# tests/schedule.py orders them (xdist's own reorder, by count of tests, is off). --durations lists
-# the slowest tests at the end of each pass: where the suite's time goes (the README keeps it well
-# under 30 minutes).
+# `make test PYTEST_WORKERS=0` runs in one process. --durations lists the slowest tests at the end
+# of each pass: where the suite's time goes (the README keeps it well under 30 minutes).
 PYTEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 test: install lint test-js browser
 	$(PY) -m pytest -q $(XDIST) --durations=30

@@ -2,9 +2,8 @@
 
 A starter policy is minutes of SFT on one core when the data directory has none. A session that
 collects such a test starts building the missing ones at once, in a process of its own (on the
-core the tests leave idle, or beside the other xdist worker), and ``tests/schedule.py`` runs those
-tests' files late (after ``STARTER_LEAD_S`` seconds of other files, or last), so that nobody waits
-for the build. The tests that get there first wait for it on the build's
+core the tests leave idle, or beside the other xdist worker), and runs those tests' files last,
+so that nobody waits for the build. The tests that get there first wait for it on the build's
 file lock (``engine.models.starter``); a failed build is rebuilt by them, its error in the test's
 report. Loaded with ``-p tests.starters`` (pyproject's ``addopts``); ``tests/test_starters.py``
 runs it in a pytest of its own.
@@ -32,6 +31,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "starter(*tasks): needs the starter policies of these built-in tasks; the session builds them "
         "in the background from its start and runs these tests' files last (tests/starters.py)",
     )
+
+
+@pytest.hookimpl(trylast=True)  # after the conftest's deselections
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a test that needs a starter policy go last (whole files: xdist's --dist loadfile
+    schedules a file where its first test is), so the build started below is done by then."""
+    needs = {item.path for item in items if item.get_closest_marker("starter")}
+    items.sort(key=lambda item: item.path in needs)  # stable: the order inside each part is kept
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the tests that will run count

@@ -1,5 +1,4 @@
-"""``tests/starters.py`` in a pytest of its own (pytester): which files run last (``tests/schedule.py``
-puts them there when the session holds too little other work to hide the build), when the starter
+"""``tests/starters.py`` in a pytest of its own (pytester): which files run last, when the starter
 build starts, and that a session ending first stops it."""
 
 from __future__ import annotations
@@ -42,9 +41,7 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 def run(inner: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return inner.runpytest_subprocess(
-        "-p", "tests.starters", "-p", "tests.schedule", "-p", "no:cacheprovider", "-v", *args
-    )
+    return inner.runpytest_subprocess("-p", "tests.starters", "-p", "no:cacheprovider", "-v", *args)
 
 
 def order(result: pytest.RunResult) -> list[str]:
