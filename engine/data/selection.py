@@ -272,8 +272,7 @@ class PromptSelector:
 
     @property
     def uses_likelihood(self) -> bool:
-        """Whether draws score candidates with the policy (``predictor: answer_likelihood``; the
-        uniform selection never weighs its prompts, so it keeps the neighbours' estimates for its metrics)."""
+        """Whether draws score candidates with the policy (``engine.config.model_data.scores_answers``)."""
         return scores_answers(self.selection, self.options)
 
     def attach_scorer(self, scorer: AnswerScorer) -> None:
