@@ -64,7 +64,14 @@ TAG = "state"
 def init_distributed(device_kind: str) -> None:
     """Join the job ``engine.ranks`` (or torchrun) started, reading RANK/WORLD_SIZE/MASTER_* from
     the environment; gloo on CPU (``DS_ACCELERATOR=cpu``, see MACHINE_NOTES), NCCL on GPUs, where
-    each rank takes the visible GPU numbered by its ``LOCAL_RANK``."""
+    each rank takes the visible GPU numbered by its ``LOCAL_RANK``.
+
+    On CPU, collectives stay plain gloo: DeepSpeed would otherwise JIT-compile its shared-memory
+    reduce op (``deepspeed_shm_comm``) in every rank's first run on a machine, 1.5-2.5 minutes of
+    C++ build on 2 cores that needs a compiler on the worker, and its kernels pick AVX2 or AVX-512
+    paths by the CPU, so a run's reductions would differ between machines. DeepSpeed keeps its op
+    table in the module so that edits to it persist (``deepspeed.ops.__getattr__``); an op marked
+    incompatible is not built, and ``TorchBackend`` falls back to ``torch.distributed``."""
     if device_kind == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for key, default in (
@@ -81,6 +88,8 @@ def init_distributed(device_kind: str) -> None:
     import deepspeed
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its INFO lines go to stdout
+    if device_kind == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if device_kind == "cuda":  # one GPU per rank: the launcher's LOCAL_RANK-th visible device
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if not torch.distributed.is_initialized():
