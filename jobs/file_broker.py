@@ -19,6 +19,7 @@ already written by kombu's own transport read the same.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import uuid
 from pathlib import Path
@@ -30,24 +31,35 @@ from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
 PART_SUFFIX = ".part"
+# What link(2) says on a filesystem that has no hard links (FAT, SMB and VirtualBox shared folders).
+NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}
 
 
 def write_whole(path: Path, data: bytes) -> bool:
     """Put ``data`` at ``path`` in one step: written beside it, synced, then linked to ``path``.
 
     Returns False, changing nothing, if ``path`` already exists (another process created it
-    first): a creator never clobbers a live file.
+    first): a creator never clobbers a live file. On a filesystem without hard links (some
+    network and shared-folder mounts) the name comes by an atomic rename instead, after a
+    check that it is free: whole all the same, and only a creation raced to the instant could
+    replace another's.
     """
     partial = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PART_SUFFIX}")
     try:
         with open(partial, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())  # a crash after the rename must not leave the name on no bytes
+            os.fsync(f.fileno())  # a crash after the link must not leave the name on no bytes
         try:
             os.link(partial, path)  # atomic, and fails if ``path`` exists
         except FileExistsError:
             return False
+        except OSError as exc:
+            if exc.errno not in NO_HARD_LINKS:
+                raise
+            if path.exists():
+                return False
+            os.replace(partial, path)
         return True
     finally:
         with contextlib.suppress(FileNotFoundError):

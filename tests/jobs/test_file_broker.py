@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kombu import Connection
 from kombu.transport.virtual.base import Empty
 
@@ -85,3 +88,20 @@ def test_a_file_created_meanwhile_is_never_replaced(tmp_path: Path) -> None:
     assert not write_whole(table, b"[]")
     assert table.read_bytes() == b'[["cpu", "cpu", "cpu"]]'
     assert [p.name for p in tmp_path.iterdir()] == ["runs.exchange"]
+
+
+def test_without_hard_links_a_file_still_appears_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a filesystem that refuses link(2) (EPERM), the name comes by a rename: the message is
+    taken whole, and a table another process created is still kept."""
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    transport = make_app({"TRIBUTARY_BROKER_DIR": str(tmp_path)}).conf.broker_transport
+    assert _put_while_peeking(tmp_path, transport) == ["waiting=0", "empty"]
+    with _connection(tmp_path, transport) as consumer:
+        assert consumer.default_channel._get("cpu") == {"run_id": 7, "peek": "peeked"}
+    table = tmp_path / "runs.exchange"
+    assert write_whole(table, b"[1]") and not write_whole(table, b"[2]")
+    assert table.read_bytes() == b"[1]"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["control", "processed", "queue", "runs.exchange"]
