@@ -45,8 +45,9 @@ test: export TRIBUTARY_DATA_DIR ?= $(CURDIR)/.cache/test-data
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
-# The first pass keeps the order tests/starters.py gives the files (heavy files first, the web app's
-# short tests last); --no-loadscope-reorder stops xdist from ordering them by their number of tests.
+# The first pass keeps the order of collection (the web app's database tests first, as pytest-django
+# orders them; the files needing the starter policy last, tests/starters.py); --no-loadscope-reorder
+# stops xdist from ordering the files by their number of tests.
 test: install lint test-js browser
 	$(PY) -m pytest -q $(XDIST) $(if $(XDIST),--no-loadscope-reorder) --durations=30
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -q $(XDIST) --durations=10 tests/webapp
