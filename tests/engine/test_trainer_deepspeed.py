@@ -256,3 +256,24 @@ def test_config_errors_name_the_field_and_the_fix() -> None:
 
 if __name__ == "__main__":
     _rank_main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
+
+
+@pytest.mark.slow
+def test_cpu_ranks_reduce_over_plain_gloo_and_compile_nothing(tmp_path: Path) -> None:
+    """``init_distributed("cpu")`` leaves DeepSpeed's shared-memory reduce op unbuilt: collectives
+    go through ``torch.distributed`` on gloo, the same on every CPU, and nothing lands in a fresh
+    torch extensions directory (the op's JIT build took 95-176 s on a fresh machine)."""
+    code = (
+        "from engine.trainer.deepspeed_backend import init_distributed\n"
+        "init_distributed('cpu')\n"
+        "import deepspeed.comm.comm as c, torch.distributed as d\n"
+        "print('shm', c.cdb.shm_comm_op, d.get_backend())\n"
+    )
+    extensions = tmp_path / "torch_extensions"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "shm None gloo" in proc.stdout, proc.stdout[-2000:]
+    assert not extensions.exists()
