@@ -222,8 +222,8 @@ def test_a_header_read_landing_while_an_action_is_out_leaves_the_header_to_the_a
         page.route(is_read, lambda route: route.continue_() if reads else reads.append(route))
         page.route(is_post, lambda route: posts.append(route))
         # Resumed through the API: the page hears the run queued (its badge moves at once) and
-        # reads its header, held here. (A read the page had still going from the cancellation is
-        # held the same way; its answer, read when let go, is the run queued too.)
+        # reads its header, held here. (A read still out from the cancellation is not held: its
+        # answer, the run cancelled, is dropped, as the next test shows, and the read made again is.)
         d.api("POST", f"/runs/{run_id}/resume", {})
         page.wait_for_selector("#run-status[data-status=queued]", timeout=STAGE_MS)
         while not reads:  # the route's handler runs beside the request event
@@ -253,6 +253,62 @@ def test_a_header_read_landing_while_an_action_is_out_leaves_the_header_to_the_a
         page.wait_for_selector("#run-header[data-status=queued] #cancel-button", timeout=STAGE_MS)
         page.wait_for_selector("#run-attempts[data-count='2']", timeout=STAGE_MS)
         assert len(reads) == 1 and len(posts) == 1
+    finally:
+        context.close()
+    no_errors(console)
+
+
+def test_a_header_read_a_status_change_overtook_does_not_put_the_old_status_back(
+    site: Site, browser: Any, tmp_path: Path
+) -> None:
+    """The page hears the run cancelled and reads its header; before that read's answer lands,
+    it hears the run resumed (its badge moves to queued at once). The answer shows the run
+    cancelled: swapped in, it would put the cancelled badge and the Resume button back over the
+    queued run until the next read lands (a CI run of the test above waited 30 s for the queued
+    badge behind such a read). It must be dropped and the header read again. The read is held
+    here and answered with what the server said before the resume, so the race happens every time."""
+    d = site.deployment
+    config = tiny_config(Path("unused"), total_steps=TOTAL_STEPS, name="overtaken")
+    run_id = d.api("POST", f"/projects/{site.project}/runs", {"config": config, "name": "overtaken"})["id"]
+    context, page, console = signed_in_page(browser, site, "e2e", WIDE, f"/runs/{run_id}/")
+    try:
+        page.wait_for_selector("body[data-history-loaded]")
+        # Every badge the page shows, in order (a swap replaces the badge's element).
+        page.evaluate(
+            """() => {
+                 window.badges = [];
+                 const note = () => {
+                   const s = document.querySelector("#run-status")?.dataset.status;
+                   if (s && s !== window.badges.at(-1)) window.badges.push(s);
+                 };
+                 note();
+                 new MutationObserver(note).observe(document.body,
+                   { subtree: true, childList: true, attributes: true, attributeFilter: ["data-status"] });
+               }"""
+        )
+        reads: list[Any] = []
+        page.route(lambda url: urlsplit(url).path == f"/runs/{run_id}/header/", lambda r: reads.append(r))
+        ship_attempt(site, run_id, EngineLog(tmp_path / "events.jsonl", run_id), attempt(1, 10, (10,)))
+        page.wait_for_selector("#run-status[data-status=cancelled]", timeout=STAGE_MS)
+        while not reads:  # the route's handler runs beside the request event
+            page.wait_for_timeout(20)
+        # The first read held (heard at the run's start; the changes after it wait behind it),
+        # answered as the server has the run now: cancelled, Resume offered.
+        before = reads[0].fetch()
+        assert 'data-status="cancelled"' in before.text()
+
+        d.api("POST", f"/runs/{run_id}/resume", {})
+        page.wait_for_selector("#run-status[data-status=queued]", timeout=STAGE_MS)
+        page.evaluate("() => { window.badges = ['queued']; }")
+        reads[0].fulfill(response=before)
+        while len(reads) < 2:  # the header read again, after the answer was dropped
+            page.wait_for_timeout(20)
+        assert page.get_attribute("#run-status", "data-status") == "queued"
+        assert not page.is_visible("#resume-button")
+        reads[1].continue_()
+        page.wait_for_selector("#run-header[data-status=queued] #cancel-button", timeout=STAGE_MS)
+        page.wait_for_selector("#run-attempts[data-count='2']", timeout=STAGE_MS)
+        assert page.evaluate("() => window.badges") == ["queued"]  # never the cancelled one again
     finally:
         context.close()
     no_errors(console)

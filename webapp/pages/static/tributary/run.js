@@ -111,6 +111,10 @@ function header(data, grid) {
             return; // offline; the next status change tries again
           }
           if (acting()) { afterAction = true; return; }
+          // A change heard while this read was out: its answer may show the run as it was
+          // before (a resume heard while the read of the cancellation was out would put the
+          // cancelled badge back over the queued one). Not swapped in; the loop reads again.
+          if (again) continue;
           const current = $("run-header");
           if (current) window.htmx.swap(current, html, { swapStyle: "outerHTML" });
         } while (again);
