@@ -4,6 +4,7 @@ import json
 import math
 import re
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -309,8 +310,9 @@ def test_it_keeps_the_first_value_when_a_resumed_run_repeats_a_step(claimed) -> 
 
 
 def test_it_stores_every_metric_name_and_value_exactly(claimed) -> None:
-    """The points go to PostgreSQL as COPY text built by ``bulk.copy_text``: names holding COPY's
-    own delimiters and escapes come back as sent, and every double bit for bit (``repr``)."""
+    """The points go to PostgreSQL as binary COPY data built by ``bulk.copy_data``: names holding
+    the text format's delimiters and escapes come back as sent, every double bit for bit, and each
+    time to the microsecond, before PostgreSQL's epoch (2000-01-01) as after it."""
     names = ["tab\there", "back\\slash\\N", "new\nline", "carriage\rreturn", "\\.", "ünï/cødé ✓", "a" * 200]
     values = [0.1 + 0.2, 2.2250738585072014e-308, 1.7976931348623157e308, 1e-05, -2.5e-300, 1e16 + 2, 1 / 3]
     events = [
@@ -318,21 +320,98 @@ def test_it_stores_every_metric_name_and_value_exactly(claimed) -> None:
         for seq in (1, 2)
     ]
     events[1]["values"]["an/int"] = 7  # JSON without a point: an int, stored as a double
+    events[0]["time"] = 946_684_799.999_999  # 1 µs before 2000-01-01 UTC
+    events[1]["time"] = T0 + 2.000_001
     ingest_events(claimed, events)
     got = {(p.name, p.step): p.value for p in MetricPoint.objects.filter(run=claimed)}
     expected = {(n, e["step"]): float(v) for e in events for n, v in e["values"].items()}
     assert got.keys() == expected.keys()
     assert [k for k in expected if got[k].hex() != expected[k].hex()] == []
     point = MetricPoint.objects.get(run=claimed, name="tab\there", step=2)
-    assert point.time.timestamp() == T0 + 2 and point.seq == 2 and point.attempt == 1 and not point.superseded
+    assert point.time == datetime(2025, 10, 9, 8, 53, 22, 1, tzinfo=UTC)  # T0 + 2.000001
+    assert point.seq == 2 and point.attempt == 1 and not point.superseded
+    first = MetricPoint.objects.get(run=claimed, name="tab\there", step=1).time
+    assert first == datetime(1999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
+
+
+def analysis(run: Run) -> dict[str, Any]:
+    """The summaries and rollups ingest keeps for a run, comparable across runs."""
+    from webapp.analysis.models import MetricRollup, MetricSummary
+
+    fields = ("name", "width", "block", "count", "total", "min", "max", "first_step", "last_step", "first_time")
+    return {
+        "summaries": sorted(
+            MetricSummary.objects.filter(run=run).values_list("name", "last", "last_step", "min", "max", "count")
+        ),
+        "rollups": sorted(MetricRollup.objects.filter(run=run).values_list(*fields)),
+    }
+
+
+def a_second_run(run: Run, name: str) -> Run:
+    other = Run.objects.create(project=run.project, name=name)
+    other.start(worker_host="cpu-2")
+    return other
+
+
+def test_a_batch_prepared_before_the_lock_stores_what_the_batch_alone_stores(claimed, run, monkeypatch) -> None:
+    """The ingest socket builds a batch's insert data, rollup blocks and summary fold before the
+    run's row is locked (``ingest.prepare``, issue 19). Stored with it, a run holds exactly what it
+    holds from the batch alone (points, summaries, rollups, bit for bit), and nothing is built
+    twice: the storing thread takes what was prepared."""
+    from webapp.analysis import rollups, summaries
+    from webapp.runs import bulk
+    from webapp.runs.ingest import prepare, store_validated, validated
+
+    events = [
+        metrics(seq, seq * 3, loss=1 / seq, acc=seq * 0.1, **{"tab\tname": -seq * 1e300}) for seq in range(1, 41)
+    ]
+    reference = a_second_run(run, "reference")
+    store_events(reference.pk, events[:20])
+    store_events(reference.pk, events[20:])
+
+    built: list[str] = []
+    for module, name in ((bulk, "insert_data"), (rollups, "upsert_data"), (summaries, "fold_new")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k: built.append(_name) or _real(*a, **k))
+    for part in (events[:20], events[20:]):
+        batch = validated(part)
+        ready = prepare(claimed.pk, claimed.attempt_number, batch)
+        built.clear()
+        store_validated(claimed.pk, batch, attempt=claimed.attempt, prepared=ready)
+        assert built == []  # the store built nothing the preparation had built
+    assert stored(claimed)["metrics"] == stored(reference)["metrics"]
+    assert analysis(claimed) == analysis(reference) and analysis(claimed)["rollups"]
+
+
+def test_a_prepared_batch_the_run_has_moved_past_is_not_taken(claimed, run) -> None:
+    """A batch prepared as wholly new whose first events are stored already by the time its lock is
+    taken (a resend after a lost ack overlapping the batch before) stores from the run's own state:
+    the groups ``_store`` builds differ from the prepared ones, so nothing prepared is used."""
+    from webapp.runs.ingest import prepare, store_validated, validated
+
+    events = [metrics(seq, seq, loss=float(seq), acc=1 / seq) for seq in range(1, 31)]
+    reference = a_second_run(run, "reference")  # the same batches, nothing prepared
+    store_events(reference.pk, events[:12])
+    store_events(reference.pk, events)
+
+    batch = validated(events)
+    ready = prepare(claimed.pk, claimed.attempt_number, batch)
+    store_events(claimed.pk, events[:12])  # stored in between: the points up to seq 12
+    store_validated(claimed.pk, batch, attempt=claimed.attempt, prepared=ready)
+    assert stored(claimed)["metrics"] == stored(reference)["metrics"]
+    assert analysis(claimed) == analysis(reference)
+    # A preparation for another attempt's number is not taken either.
+    other = a_second_run(run, "other attempt")
+    store_validated(other.pk, batch[:12], attempt=other.attempt)
+    store_validated(other.pk, batch, attempt=other.attempt, prepared=prepare(other.pk, 2, batch))
+    assert set(MetricPoint.objects.filter(run=other).values_list("attempt", flat=True)) == {1}
+    assert analysis(other) == analysis(reference)
 
 
 def test_the_bulk_insert_says_whether_the_database_took_every_point(claimed) -> None:
     """``bulk.insert_point_groups`` is True only when every point was inserted (the rollups then
     aggregate the batch in memory, ``webapp.analysis.rollups.record``): a point stored already,
     or twice in one call, is ignored (its first value kept) and makes it False."""
-    from datetime import UTC, datetime
-
     from webapp.runs.bulk import PointGroup as G
     from webapp.runs.bulk import insert_point_groups
 

@@ -97,18 +97,19 @@ def _merge(vendor: str) -> str:
     )
 
 
-def record(run_id: int, groups: Sequence[PointGroup], *, all_stored: bool = False) -> None:
+def record(run_id: int, groups: Sequence[PointGroup], *, all_stored: bool = False, data: Any = None) -> None:
     """Fold the points ingest just stored for run ``run_id`` (its metrics events as
     ``bulk.PointGroup``s) into the rollups: one statement, whatever the batch's size.
 
     ``all_stored``: the database took every point of ``groups`` (``bulk.insert_point_groups``), so
     they are exactly the rows stored with the batch's seqs and are aggregated here. Otherwise the
-    points are read back by the batch's seqs (index (run, seq)): exactly the rows the database kept."""
+    points are read back by the batch's seqs (index (run, seq)): exactly the rows the database kept.
+    ``data``: ``upsert_data(groups)``, when the caller built it before (ingest's ``Prepared``)."""
     groups = [group for group in groups if group.values]
     if not groups:
         return
     if all_stored:
-        _upsert(run_id, _blocks(groups))
+        _upsert(run_id, upsert_data(groups) if data is None else data)
         return
     seqs = [group.seq for group in groups]
     w0 = WIDTHS[0]
@@ -193,10 +194,18 @@ def _blocks(groups: Sequence[PointGroup]) -> dict[tuple[int, int], dict[str, Blo
 MAX_ROWS_PER_STATEMENT = 1000  # 11 parameters a row on SQLite: well under its 32,766
 
 
-def _upsert(run_id: int, blocks: dict[tuple[int, int], dict[str, Block]]) -> None:
-    """Merge ``blocks`` into run ``run_id``'s stored ones (``_merge``): one statement on PostgreSQL,
-    one per ``MAX_ROWS_PER_STATEMENT`` rows on SQLite."""
+def upsert_data(groups: Sequence[PointGroup]) -> Any:
+    """The blocks of ``groups`` (``_blocks``) as ``_upsert`` sends them: one array text a column on
+    PostgreSQL (``_array_literals``), the rows on SQLite. Pure Python, reading no database: ingest
+    builds it before it takes the run's row lock, beside the batch before in the database (issue 19)."""
+    blocks = _blocks([group for group in groups if group.values])
     rows = [(name, width, b, *row) for (width, b), names in blocks.items() for name, row in names.items()]
+    return _array_literals(rows) if connection.vendor == "postgresql" else rows
+
+
+def _upsert(run_id: int, data: Any) -> None:
+    """Merge the blocks ``upsert_data`` made into run ``run_id``'s stored ones (``_merge``): one
+    statement on PostgreSQL, one per ``MAX_ROWS_PER_STATEMENT`` rows on SQLite."""
     merge = _merge(connection.vendor)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -204,12 +213,12 @@ def _upsert(run_id: int, blocks: dict[tuple[int, int], dict[str, Block]]) -> Non
                 f"INSERT INTO {ROLLUPS} AS r ({COLUMNS}) SELECT %s, * FROM unnest(%s::varchar[], %s::integer[], "
                 "%s::integer[], %s::integer[], %s::double precision[], %s::double precision[], "
                 f"%s::double precision[], %s::integer[], %s::integer[], %s::timestamptz[]) {merge}",
-                [run_id, *_array_literals(rows)],
+                [run_id, *data],
             )
             return
         adapt = connection.ops.adapt_datetimefield_value
-        for start in range(0, len(rows), MAX_ROWS_PER_STATEMENT):
-            chunk = rows[start : start + MAX_ROWS_PER_STATEMENT]
+        for start in range(0, len(data), MAX_ROWS_PER_STATEMENT):
+            chunk = data[start : start + MAX_ROWS_PER_STATEMENT]
             placeholders = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
             cursor.execute(
                 f"INSERT INTO {ROLLUPS} AS r ({COLUMNS}) VALUES {placeholders} {merge}",

@@ -58,13 +58,23 @@ def _folded(groups: Iterable[PointGroup], stored: dict[str, int]) -> dict[str, l
     return out
 
 
-def record(groups: Sequence[PointGroup], *, steps_to: int | None = None) -> None:
+def fold_new(groups: Sequence[PointGroup]) -> dict[str, list[Any]]:
+    """``groups`` folded as ``record`` folds a batch whose points are all past the run's stored
+    summaries (``steps_to``): pure Python, so ingest builds it before it takes the run's row lock,
+    beside the batch before in the database (issue 19)."""
+    return _folded([group for group in groups if group.values], {})
+
+
+def record(
+    groups: Sequence[PointGroup], *, steps_to: int | None = None, new: dict[str, list[Any]] | None = None
+) -> None:
     """Fold ``groups`` (a batch's metrics events as ingest stores them, one run's) into the
     summaries: one statement per 500 metric names of the batch (a batch of one run's steps has tens).
 
     ``steps_to``: a step no stored summary of the run is past (ingest passes the run's last step,
     which every counted point moved and a rewind lowers only after ``rebuild``). When every point
-    is after it, no stored ``last_step`` can skip one, and reading them is saved (issue 19)."""
+    is after it, no stored ``last_step`` can skip one, and reading them is saved (issue 19); then
+    ``new``, when given, is taken as the fold (``fold_new(groups)``, built by the caller before)."""
     groups = [group for group in groups if group.values]
     if not groups:
         return
@@ -72,12 +82,11 @@ def record(groups: Sequence[PointGroup], *, steps_to: int | None = None) -> None
     assert len(run_ids) == 1, "a batch is one run's"
     run_id = run_ids.pop()
     if steps_to is not None and min(group.step for group in groups) > steps_to:
-        stored: dict[str, int] = {}
+        folded = _folded(groups, {}) if new is None else new
     else:
         names = {name for group in groups for name in group.values}
         summaries = MetricSummary.objects.filter(run_id=run_id, name__in=names)
-        stored = dict(summaries.values_list("name", "last_step"))
-    folded = _folded(groups, stored)
+        folded = _folded(groups, dict(summaries.values_list("name", "last_step")))
     if not folded:
         return
     table = connection.ops.quote_name(MetricSummary._meta.db_table)

@@ -60,8 +60,10 @@ from webapp.runs.external import attach_script
 from webapp.runs.ingest import (
     MAX_BIGINT,
     InvalidEvent,
+    Prepared,
     SeqGap,
     is_poison,
+    prepare,
     stale_attempt_reason,
     store_validated,
     validated,
@@ -177,6 +179,9 @@ class IngestConsumer(_JsonSocket):
             return
         self.final = RunStatus(run.status).is_final
         self.external = run.is_external
+        # The RunAttempt its events are stored under (``prepare``): a resume, which makes the next,
+        # also moves ``attempt``, so this socket's token is refused from then on.
+        self.attempt_number = run.attempt_number
         self.token_issued = time.monotonic()
         self.last_heartbeat_write = time.monotonic()
         self.inbox: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue(self.READ_AHEAD)
@@ -198,15 +203,18 @@ class IngestConsumer(_JsonSocket):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         """One message from the worker, read while the one before it may still be storing.
 
-        The decoding and the events' validation (pure Python) are done here, on the event loop,
-        and the message is queued for ``_pump``, which stores and answers one message at a time
-        in the order they came. So a batch is decoded while the one before it is in the
-        database (the thread waits on PostgreSQL then, not on the GIL), and its ack, fan-out and
-        error answers keep their order. The queue holds ``READ_AHEAD`` messages: a worker that
-        sends faster than they are stored waits on its socket (TCP's back-pressure)."""
+        The decoding, the events' validation and what storing them takes that no row of the
+        database decides (``ingest.prepare``), all pure Python, are done here, in a thread of their
+        own (the event loop goes on serving the run's watchers), and the message is queued for
+        ``_pump``, which stores and answers one message at a time in the order they came. So a
+        batch is made ready while the one before it is in the database (the storing thread waits
+        on PostgreSQL then, not on the GIL), and its ack, fan-out and error answers keep their
+        order. The queue holds ``READ_AHEAD`` messages: a worker that sends faster than they are
+        stored waits on its socket (TCP's back-pressure)."""
         if self.closed:
             return
-        await self.inbox.put(self._read(text_data if text_data is not None else bytes_data or b""))
+        raw = text_data if text_data is not None else bytes_data or b""
+        await self.inbox.put(await asyncio.to_thread(self._read, raw))
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch without its hop to the database thread before every message
@@ -241,9 +249,13 @@ class IngestConsumer(_JsonSocket):
                     f"{len(events)} events in one message; the limit is {MAX_BATCH_EVENTS}",
                 )
             try:
-                return kind, validated(events)
+                batch = validated(events)
             except InvalidEvent as exc:
                 return "refuse", (CLOSE_BAD_EVENT, str(exc))
+            try:
+                return kind, (batch, prepare(self.run_id, self.attempt_number, batch))
+            except (ValueError, TypeError, OverflowError):  # storing meets it too, and quarantines
+                return kind, (batch, None)
         if kind in ("ping", "attach", "output"):
             return kind, message
         shown = clean_text(repr(kind))[:80]
@@ -298,10 +310,16 @@ class IngestConsumer(_JsonSocket):
         self.inbox.put_nowait(None)
         await self.pump
 
-    async def _events(self, batch: list[dict[str, Any]]) -> None:
+    async def _events(self, what: tuple[list[dict[str, Any]], Prepared | None]) -> None:
+        batch, prepared = what
         try:
             stored = await database_sync_to_async(store_validated)(
-                self.run_id, batch, attempt=self.attempt, claim=self.claim, announce_events=False
+                self.run_id,
+                batch,
+                attempt=self.attempt,
+                claim=self.claim,
+                announce_events=False,
+                prepared=prepared,
             )
         except SeqGap as gap:
             # Not fatal: the ack says what is stored, and the worker resends from there.
