@@ -35,8 +35,9 @@ METRICS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm",
 # changes gradients by O(1), hence weights by O(lr) = 1e-3. Summing in another order (2 ranks against
 # one process) changes a gradient by rounding only (~1e-7 of it), but Adam divides by the gradient's
 # own scale, so where an element's gradient nearly cancels at some step its rounding is amplified:
-# measured on an AMD EPYC: 2.1e-5 (ZeRO-2, one element of a k_proj bias; 4e-6 for the rest, 3.5e-6 at
-# most in ZeRO-3). 1e-4 is 5x that and 10x under a bug's effect.
+# measured on an AMD EPYC over plain gloo (init_distributed's choice on CPU): 9.2e-6 in ZeRO-2, 9.4e-6 in
+# ZeRO-3, both one element of a k_proj bias (2.1e-5 in ZeRO-2 with DeepSpeed's shared-memory reduction,
+# which CPU ranks no longer use). 1e-4 is 5x the larger and 10x under a bug's effect.
 WEIGHT_ATOL = 1e-4
 
 
