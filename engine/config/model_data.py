@@ -117,6 +117,15 @@ class SelectionOptions(Section):
         "prompts), so that about c candidates a pick can carry a learning signal. Scoring is one forward a "
         "prompt, no generation; larger concentrates more and costs more.",
     )
+    likelihood_max_candidates_per_pick: float = Field(
+        32.0,
+        gt=0.0,
+        le=1024.0,
+        title="Most fresh candidates per pick (answer_likelihood)",
+        description="The cap on c / (1 - P0): once most prompts are solved the count above would score "
+        "hundreds of prompts a step, a forward each, which can cost more than the generation it saves "
+        "(bench/README.md). Smaller bounds scoring's cost late in a run, at a weaker choice then.",
+    )
     likelihood_max_age: int = Field(
         0,
         ge=0,

@@ -416,9 +416,11 @@ class PromptSelector:
         divided by the share of uniformly drawn prompts whose groups carry a signal, 1 - P0 (the
         fresh candidates' mean predicted P0 at the last draw that scored any; 1/2 before): a uniform
         draw of c / (1 - P0) prompts holds about c with a signal. Early in a run most prompts have one
-        and a few candidates a pick do; once most are solved it takes many (at most 16 c a pick)."""
-        signal = max(1.0 - self.uniform_zero_var, 1.0 / 16)
-        return math.ceil(want * self.options.likelihood_candidates_per_pick / signal - 1e-9)
+        and a few candidates a pick do; once most are solved it takes many, at most
+        ``likelihood_max_candidates_per_pick`` a pick."""
+        o = self.options
+        per_pick = o.likelihood_candidates_per_pick / max(1.0 - self.uniform_zero_var, 1e-9)
+        return math.ceil(want * min(per_pick, o.likelihood_max_candidates_per_pick) - 1e-9)
 
     def _pool(self, want: int, exclude: set[int]) -> tuple[list[int], np.random.Generator]:
         """The candidates of a weighted draw of ``want`` prompts, and the draw's random stream."""

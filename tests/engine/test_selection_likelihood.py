@@ -65,13 +65,14 @@ def answered(per_class: int) -> list[Prompt]:
     ]
 
 
-def likelihood_selector(prompts, *, pool=32, max_age=4, explore=0.1, seed=0):
+def likelihood_selector(prompts, *, pool=32, max_age=4, explore=0.1, seed=0, max_per_pick=32.0):
     options = SelectionOptions(
         predictor="answer_likelihood",
         pool=pool,
         likelihood_max_age=max_age,
         explore=explore,
         likelihood_candidates_per_pick=2.0,
+        likelihood_max_candidates_per_pick=max_per_pick,
     )
     selector = PromptSelector(prompts, selection="difficulty_targeted", options=options, seed=seed, group_size=4)
     policy = CalibratedPolicy(prompts)
@@ -165,6 +166,22 @@ def test_the_pool_keeps_the_best_leftovers_for_later_draws() -> None:
     policy.policy_version += 3  # every candidate expires: the next draw starts from fresh ones alone
     selector.next_batch(8)
     assert all(v == policy.policy_version for v in selector.candidates.versions)
+
+
+def test_the_fresh_candidates_a_pick_stop_at_the_cap() -> None:
+    """``likelihood_max_candidates_per_pick`` bounds c / (1 - P0): here 4 a pick at the first draw and
+    ~5.4 after (the test above) without it, 3 a pick at every draw with a cap of 3; a cap above the
+    count changes nothing."""
+    prompts = answered(100)
+    rng = np.random.default_rng(0)
+    capped, policy = likelihood_selector(prompts, max_per_pick=3.0)
+    loose, loose_policy = likelihood_selector(prompts, max_per_pick=6.0)
+    for step in range(1, 7):
+        for selector in (capped, loose):
+            for p in selector.next_batch(8):
+                selector.observe(p.uid, outcome(rng, p, 4), step)
+    assert policy.calls == [1 + 7 * 3] * 6
+    assert loose_policy.calls[0] == 1 + 7 * 4 and max(loose_policy.calls[1:]) > 1 + 7 * 4
 
 
 def test_the_pool_keeps_the_leftovers_of_highest_weight() -> None:
@@ -269,7 +286,11 @@ def test_likelihood_config() -> None:
     assert cfg.data.scores_answers and not load_config("dapo", ["data.selection_options.predictor=answer_likelihood"]).data.scores_answers
     # Unbounded, these overflowed a draw: c k / (1 - P0) past 1.8e308 is inf (math.ceil raises), and an
     # infinite strength made every prior Beta(inf, inf) (NaN weights).
-    for field, value in (("likelihood_candidates_per_pick", "1e308"), ("likelihood_strength", "inf")):
+    for field, value in (
+        ("likelihood_candidates_per_pick", "1e308"),
+        ("likelihood_strength", "inf"),
+        ("likelihood_max_candidates_per_pick", "inf"),
+    ):
         with pytest.raises(ConfigError, match=rf"data.selection_options.{field}: Input should be less than or equal"):
             load_config("dapo", [f"data.selection_options.{field}={value}"])
     with pytest.raises(ConfigError, match=r"data.selection_options.predictor: Input should be 'neighbours' or"):
