@@ -71,6 +71,13 @@ def attempt(first: int, last: int, checkpoints: tuple[int, ...]) -> Any:
     return write
 
 
+def a_run_page(site: Site, browser: Any, name: str) -> tuple[int, Any, Any, Any]:
+    """A new run called ``name`` and a wide page signed in on it: (run id, context, page, console)."""
+    config = tiny_config(Path("unused"), total_steps=TOTAL_STEPS, name=name)
+    run_id = site.deployment.api("POST", f"/projects/{site.project}/runs", {"config": config, "name": name})["id"]
+    return (run_id, *signed_in_page(browser, site, "e2e", WIDE, f"/runs/{run_id}/"))
+
+
 def wait_steps(page: Any, steps: list[int]) -> None:
     """Until the page's reward series holds exactly these steps, in order (no gap, none twice)."""
     want = json.dumps(steps, separators=(",", ":"))
@@ -207,9 +214,7 @@ def test_a_header_read_landing_while_an_action_is_out_leaves_the_header_to_the_a
     htmx:oobErrorNoTarget and never show it (a CI run of the resume test above met this race).
     Both answers are held here and let go in that order, so the race happens every time."""
     d = site.deployment
-    config = tiny_config(Path("unused"), total_steps=TOTAL_STEPS, name="raced")
-    run_id = d.api("POST", f"/projects/{site.project}/runs", {"config": config, "name": "raced"})["id"]
-    context, page, console = signed_in_page(browser, site, "e2e", WIDE, f"/runs/{run_id}/")
+    run_id, context, page, console = a_run_page(site, browser, "raced")
     try:
         page.wait_for_selector("body[data-history-loaded]")
         ship_attempt(site, run_id, EngineLog(tmp_path / "events.jsonl", run_id), attempt(1, 10, (10,)))
@@ -268,9 +273,7 @@ def test_a_header_read_a_status_change_overtook_does_not_put_the_old_status_back
     badge behind such a read). It must be dropped and the header read again. The read is held
     here and answered with what the server said before the resume, so the race happens every time."""
     d = site.deployment
-    config = tiny_config(Path("unused"), total_steps=TOTAL_STEPS, name="overtaken")
-    run_id = d.api("POST", f"/projects/{site.project}/runs", {"config": config, "name": "overtaken"})["id"]
-    context, page, console = signed_in_page(browser, site, "e2e", WIDE, f"/runs/{run_id}/")
+    run_id, context, page, console = a_run_page(site, browser, "overtaken")
     try:
         page.wait_for_selector("body[data-history-loaded]")
         # Every badge the page shows, in order (a swap replaces the badge's element).
