@@ -82,7 +82,7 @@ def record(
     assert len(run_ids) == 1, "a batch is one run's"
     run_id = run_ids.pop()
     if steps_to is not None and min(group.step for group in groups) > steps_to:
-        folded = _folded(groups, {}) if new is None else new
+        folded = fold_new(groups) if new is None else new
     else:
         names = {name for group in groups for name in group.values}
         summaries = MetricSummary.objects.filter(run_id=run_id, name__in=names)
