@@ -22,6 +22,11 @@ ratio and the worst round's (target >= 0.9 on both, issue 19; 0.5 before), the m
 figures, the cores busy on average (CPU / wall: ~1 is a serial pipeline) and the web app's
 backends (how many; appeared or went inside a round). Every round's stored point count is checked.
 
+After the rounds, one round's events stored again in this process, batch by batch as the ingest socket
+stores them (``ingest.prepare`` untimed, as in the socket's reading thread, then ``store_validated``), and
+that time split into the points' COPY, the rollups, the summaries, the alert rules, the commits and the
+rest (``STORE_PARTS``): what the product adds to COPY, part by part, without the socket and the shipper.
+
 Latency: ``--subscribers`` browser sockets follow one run through a share link; the engine
 side emits ``--latency-events`` metrics events at 20 Hz into the log the shipper tails. For
 every event and subscriber: receive time minus the event's own ``time`` (same clock).
@@ -626,6 +631,66 @@ def store_floor(run: Any, n_events: int) -> list[float]:
     return times
 
 
+STORE_PARTS = (  # (module, function, label): what a store's time is spent on, timed by wrapping them
+    ("webapp.runs.ingest", "insert_point_groups", "points' COPY"),
+    ("webapp.analysis.rollups", "record", "rollups"),
+    ("webapp.analysis.summaries", "record", "summaries"),
+    ("webapp.alerts.monitor", "observe", "alert rules"),
+)
+
+
+def store_breakdown(run: Any, steps: int, n_metrics: int) -> dict[str, float]:
+    """The throughput round's events stored in this process, batch by batch as the ingest socket
+    stores them (``prepare`` first, then ``store_validated``), with each part of the store timed:
+    the functions of ``STORE_PARTS`` and the commits (``DatabaseWrapper.commit``), each wrapped for
+    this call only (they call through). What the product adds to COPY, part by part, without the
+    socket, the shipper and the thread hops (issue 19)."""
+    import importlib
+
+    from django.db import connection
+
+    from tributary.protocol import MAX_BATCH_EVENTS
+    from webapp.runs.ingest import prepare, store_validated, validated
+
+    spent: dict[str, float] = {label: 0.0 for *_, label in STORE_PARTS} | {"commits": 0.0}
+    undo: list[tuple[Any, str, Any]] = []
+
+    def timed(owner: Any, name: str, label: str) -> None:
+        real = getattr(owner, name)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                spent[label] += time.perf_counter() - t0
+
+        setattr(owner, name, wrapper)
+        undo.append((owner, name, real))
+
+    for module, name, label in STORE_PARTS:
+        timed(importlib.import_module(module), name, label)
+    timed(type(connection._connections[connection._alias]), "commit", "commits")
+    names = [f"bench/metric_{i:02d}" for i in range(n_metrics)]
+    now = time.time()
+    events = [
+        {"seq": step, "type": "metrics", "step": step, "time": now, "values": {n: step * 0.001 + i for i, n in enumerate(names)}}
+        for step in range(1, steps + 1)
+    ]
+    spent["total"] = 0.0
+    try:
+        for start in range(0, len(events), MAX_BATCH_EVENTS):
+            batch = validated(events[start : start + MAX_BATCH_EVENTS])
+            ready = prepare(run.pk, run.attempt_number, batch)  # the socket's reading thread: not timed
+            t0 = time.perf_counter()
+            store_validated(run.pk, batch, announce_events=False, prepared=ready)
+            spent["total"] += time.perf_counter() - t0
+    finally:
+        for owner, name, real in reversed(undo):
+            setattr(owner, name, real)
+    return spent
+
+
 def print_hops(result: dict[str, Any]) -> None:
     print(
         f"hops ({result['mode']} poll; {result['events']} events in {result['batches']} batches; "
@@ -701,7 +766,7 @@ def main() -> None:
     if args.warmup < 0:
         raise SystemExit("--warmup: 0 or more")
     n_pairs = 0 if args.latency_only else args.warmup + args.rounds
-    floor_run, *runs = make_runs(1 + 2 * n_pairs + len(rounds))
+    floor_run, breakdown_run, *runs = make_runs(2 + 2 * n_pairs + len(rounds))
     pair_runs, latency_runs = runs[: 2 * n_pairs], runs[2 * n_pairs :]
     port = free_port()
     web_url = f"http://127.0.0.1:{port}"
@@ -732,6 +797,7 @@ def main() -> None:
                 f"warm-up round (not counted): path {r['path_s']:.2f} s, COPY {r['copy_s']:.2f} s, "
                 f"ratio {r['ratio']:.2f}"
             )
+        breakdown = store_breakdown(breakdown_run, args.steps, args.metrics)
         for mode, run in zip(rounds, latency_runs, strict=True):
             results.append(
                 latency(web_url, port, run, workdir, args.subscribers, args.latency_events, mode, args.window)
@@ -743,8 +809,20 @@ def main() -> None:
             summarize(results)
 
     report_throughput(args, throughput)
+    report_breakdown(breakdown, statistics.median(r["copy_s"] for r in throughput))
     for result in results:
         report_latency(args, result)
+
+
+def report_breakdown(spent: dict[str, float], copy_s: float) -> None:
+    total = spent["total"]
+    parts = [(label, seconds) for label, seconds in spent.items() if label != "total"]
+    rest = total - sum(seconds for _, seconds in parts)
+    shown = ", ".join(f"{label} {seconds:.3f}" for label, seconds in [*parts, ("the rest", rest)])
+    print(
+        f"the same events stored in this process, batch by batch (no socket, no shipper): {total:.2f} s "
+        f"(COPY's median {copy_s:.2f} s): {shown}"
+    )
 
 
 def report_latency(args: argparse.Namespace, result: dict[str, Any]) -> None:
