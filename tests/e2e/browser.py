@@ -9,6 +9,7 @@ Used by tests/e2e/test_browser.py and bench/ui.py.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO_ROOT
-from tests.e2e.harness import Deployment
+from tests.e2e.harness import WAIT, Deployment
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # The flags of /work/shared/MACHINE_NOTES.md: no GPU, no sandbox (root), and no traffic to
@@ -182,6 +183,17 @@ def screenshot(page: Any, test: str, name: str, *, full_page: bool = True) -> Pa
 def point_count(page: Any) -> int:
     """Points the run page's charts hold (``#charts[data-points]``, kept by charts.js)."""
     return int(page.eval_on_selector("#charts", "el => Number(el.dataset.points || 0)"))
+
+
+def wait_held(page: Any, held: list[Any], count: int = 1, timeout: float = WAIT) -> None:
+    """Until a route of ``page`` has held ``count`` requests (appended to ``held``). A route's
+    handler runs only while Playwright dispatches, beside the request event, so the wait is the
+    page's own (``wait_for_timeout``), not a sleep; a request that never comes fails the test after
+    ``timeout`` seconds instead of hanging the suite."""
+    deadline = time.monotonic() + timeout
+    while len(held) < count:
+        assert time.monotonic() < deadline, f"{len(held)} of {count} requests held after {timeout:.0f} s"
+        page.wait_for_timeout(20)
 
 
 def tributary_playwright() -> Iterator[Any]:

@@ -18,7 +18,16 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.e2e.browser import NARROW, WIDE, Site, no_errors, running_site, screenshot, signed_in_page
+from tests.e2e.browser import (
+    NARROW,
+    WIDE,
+    Site,
+    no_errors,
+    running_site,
+    screenshot,
+    signed_in_page,
+    wait_held,
+)
 from tests.e2e.harness import WAIT
 from tests.e2e.test_browser_analysis import Engine
 from tests.tiny_runs import tiny_config
@@ -277,8 +286,7 @@ def test_a_live_run_on_the_compare_page_misses_no_point(
         page.route(is_history, hold_the_first)
         with page.expect_request(lambda r: is_history(r.url), timeout=WAIT * 1000):
             page.goto(f"{site.url}/compare/?runs={finished},{run_id}")
-        while not held:  # the route's handler runs beside the request event
-            page.wait_for_timeout(20)
+        wait_held(page, held)
         answer = held[0].fetch()  # the history as the server reads it now: steps 1 to 5
         ship(range(6, 11))  # stored after that read, before the page has its answer
         _stored(site, engine)
@@ -335,8 +343,7 @@ def test_two_quick_adds_both_land_with_their_own_colours(
     with page.expect_request("**/compare/parts/**"):
         page.locator(f"#compare-results li[data-run-id='{b}'] button").click()
     page.locator(f"#compare-results li[data-run-id='{c}'] button").click()  # B still on its way
-    while not held:
-        page.wait_for_timeout(20)
+    wait_held(page, held)
     held[0].continue_()
     page.wait_for_function(f"() => location.search.includes('runs={a},{b},{c}')", timeout=WAIT * 1000)
     settled(page, 3)

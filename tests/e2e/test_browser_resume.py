@@ -21,7 +21,16 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.browser import NARROW, WIDE, Site, no_errors, running_site, screenshot, signed_in_page
+from tests.e2e.browser import (
+    NARROW,
+    WIDE,
+    Site,
+    no_errors,
+    running_site,
+    screenshot,
+    signed_in_page,
+    wait_held,
+)
 from tests.e2e.harness import WAIT
 from tests.e2e.test_browser_run_live import EngineLog
 from tests.tiny_runs import tiny_config
@@ -231,12 +240,10 @@ def test_a_header_read_landing_while_an_action_is_out_leaves_the_header_to_the_a
         # answer, the run cancelled, is dropped, as the next test shows, and the read made again is.)
         d.api("POST", f"/runs/{run_id}/resume", {})
         page.wait_for_selector("#run-status[data-status=queued]", timeout=STAGE_MS)
-        while not reads:  # the route's handler runs beside the request event
-            page.wait_for_timeout(20)
+        wait_held(page, reads)
         # Its header not read yet, the page still offers Resume: the user clicks it (post held).
         page.click("#resume-button")
-        while not posts:
-            page.wait_for_timeout(20)
+        wait_held(page, posts)
         with page.expect_response(lambda r: is_read(r.url), timeout=STAGE_MS) as read:
             reads[0].continue_()
         read.value.finished()  # the read's answer is in the page before the post's leaves
@@ -293,8 +300,7 @@ def test_a_header_read_a_status_change_overtook_does_not_put_the_old_status_back
         page.route(lambda url: urlsplit(url).path == f"/runs/{run_id}/header/", lambda r: reads.append(r))
         ship_attempt(site, run_id, EngineLog(tmp_path / "events.jsonl", run_id), attempt(1, 10, (10,)))
         page.wait_for_selector("#run-status[data-status=cancelled]", timeout=STAGE_MS)
-        while not reads:  # the route's handler runs beside the request event
-            page.wait_for_timeout(20)
+        wait_held(page, reads)
         # The first read held (heard at the run's start; the changes after it wait behind it),
         # answered as the server has the run now: cancelled, Resume offered.
         before = reads[0].fetch()
@@ -304,8 +310,7 @@ def test_a_header_read_a_status_change_overtook_does_not_put_the_old_status_back
         page.wait_for_selector("#run-status[data-status=queued]", timeout=STAGE_MS)
         page.evaluate("() => { window.badges = ['queued']; }")
         reads[0].fulfill(response=before)
-        while len(reads) < 2:  # the header read again, after the answer was dropped
-            page.wait_for_timeout(20)
+        wait_held(page, reads, 2)  # the header read again, after the answer was dropped
         assert page.get_attribute("#run-status", "data-status") == "queued"
         assert not page.is_visible("#resume-button")
         reads[1].continue_()
