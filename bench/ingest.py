@@ -143,13 +143,17 @@ def start_web(env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
     raise SystemExit("uvicorn did not answer /health/ within 60 s")
 
 
+def step_values(step: int, n_metrics: int) -> dict[str, float]:
+    """The values of ``step``'s metrics event: the same in the log, the COPY and the store's breakdown."""
+    return {f"bench/metric_{i:02d}": step * 0.001 + i for i in range(n_metrics)}
+
+
 def write_log(path: Path, run_id: int, steps: int, n_metrics: int) -> int:
     from tributary.events import EventSink
 
     sink = EventSink(str(run_id), path)
-    names = [f"bench/metric_{i:02d}" for i in range(n_metrics)]
     for step in range(1, steps + 1):
-        sink.metrics(step, {name: step * 0.001 + i for i, name in enumerate(names)})
+        sink.metrics(step, step_values(step, n_metrics))
     sink.close()
     return steps * n_metrics
 
@@ -172,12 +176,11 @@ def copy_reference(run_id: int, steps: int, n_metrics: int) -> dict[str, float]:
     (``/proc/<backend pid>/stat`` from just after connect to just before close; nan if unreadable)."""
     import psycopg
 
-    names = [f"bench/metric_{i:02d}" for i in range(n_metrics)]
     now = datetime.now(UTC)
     rows = [
-        (run_id, name, step, step * 0.001 + i, now, step, 1, False)
+        (run_id, name, step, value, now, step, 1, False)
         for step in range(1, steps + 1)
-        for i, name in enumerate(names)
+        for name, value in step_values(step, n_metrics).items()
     ]
     t0, client0 = time.perf_counter(), time.thread_time()
     with psycopg.connect(f"{PG_SERVER}/{BENCH_DB}") as conn:
@@ -647,7 +650,7 @@ def store_breakdown(run: Any, steps: int, n_metrics: int) -> dict[str, float]:
     socket, the shipper and the thread hops (issue 19)."""
     import importlib
 
-    from django.db import connection
+    from django.db import DEFAULT_DB_ALIAS, connections
 
     from tributary.protocol import MAX_BATCH_EVENTS
     from webapp.runs.ingest import prepare, store_validated, validated
@@ -670,11 +673,10 @@ def store_breakdown(run: Any, steps: int, n_metrics: int) -> dict[str, float]:
 
     for module, name, label in STORE_PARTS:
         timed(importlib.import_module(module), name, label)
-    timed(type(connection._connections[connection._alias]), "commit", "commits")
-    names = [f"bench/metric_{i:02d}" for i in range(n_metrics)]
+    timed(type(connections[DEFAULT_DB_ALIAS]), "commit", "commits")
     now = time.time()
     events = [
-        {"seq": step, "type": "metrics", "step": step, "time": now, "values": {n: step * 0.001 + i for i, n in enumerate(names)}}
+        {"seq": step, "type": "metrics", "step": step, "time": now, "values": step_values(step, n_metrics)}
         for step in range(1, steps + 1)
     ]
     spent["total"] = 0.0
