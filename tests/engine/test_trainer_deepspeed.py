@@ -255,10 +255,6 @@ def test_config_errors_name_the_field_and_the_fix() -> None:
     assert cfg.trainer.offload_param == "cpu"
 
 
-if __name__ == "__main__":
-    _rank_main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
-
-
 @pytest.mark.slow
 def test_cpu_ranks_reduce_over_plain_gloo_and_compile_nothing(tmp_path: Path) -> None:
     """``init_distributed("cpu")`` leaves DeepSpeed's shared-memory reduce op unbuilt: collectives
@@ -278,3 +274,7 @@ def test_cpu_ranks_reduce_over_plain_gloo_and_compile_nothing(tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "shm None gloo" in proc.stdout, proc.stdout[-2000:]
     assert not extensions.exists()
+
+
+if __name__ == "__main__":
+    _rank_main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
