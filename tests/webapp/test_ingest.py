@@ -334,6 +334,22 @@ def test_it_stores_every_metric_name_and_value_exactly(claimed) -> None:
     assert first == datetime(1999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
 
 
+def test_a_point_out_of_its_columns_range_is_the_datas_fault() -> None:
+    """``bulk.copy_data`` packs each number into its column's width. Validation bounds every one
+    (a step to an integer, a seq to a bigint), so none overflows from ingest; should one, it raises
+    ``ValueError``, which ``is_poison`` counts as the data's fault (quarantined) and not the
+    database's (a resend that would fail forever), as the driver's own error for the value does."""
+    from webapp.runs.bulk import PointGroup, copy_data
+    from webapp.runs.ingest import is_poison
+
+    at = datetime.fromtimestamp(T0, tz=UTC)
+    assert copy_data([PointGroup(1, 2**31 - 1, at, 2**63 - 1, 1, {"loss": 1.0})])
+    for step, seq in ((2**31, 1), (1, 2**63)):
+        with pytest.raises(ValueError, match="cannot hold") as raised:
+            copy_data([PointGroup(1, step, at, seq, 1, {"loss": 1.0})])
+        assert is_poison(raised.value)
+
+
 def analysis(run: Run) -> dict[str, Any]:
     """The summaries and rollups ingest keeps for a run, comparable across runs."""
     from webapp.analysis.models import MetricRollup, MetricSummary
