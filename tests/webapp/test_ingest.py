@@ -11,6 +11,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from tests.webapp.event_builders import T0, a_run_of, metrics, sample_item, samples, status
+from tests.webapp.test_series_rollups import rollup_rows
 from tributary.events import EventSink
 from webapp.runs.choices import RunStatus
 from webapp.runs.ingest import InvalidEvent, store_events
@@ -34,6 +35,13 @@ def stored(run: Run) -> dict[str, Any]:
         "checkpoints": list(Checkpoint.objects.filter(run=run).values_list("seq", "step", "path", "bytes")),
         "logs": list(LogLine.objects.filter(run=run).values_list("seq", "level", "message")),
     }
+
+
+def a_second_run(run: Run, name: str) -> Run:
+    """Another run of ``run``'s project, claimed as ``claimed`` is."""
+    other = Run.objects.create(project=run.project, name=name)
+    other.start(worker_host="cpu-2")
+    return other
 
 
 @pytest.fixture
@@ -71,8 +79,7 @@ def test_it_stores_overlapping_batches_once(claimed, run) -> None:
     ingest_events(claimed, events[8:])
     whole = stored(claimed)
 
-    other = Run.objects.create(project=run.project, name="reference")
-    other.start(worker_host="cpu-2")
+    other = a_second_run(run, "reference")
     ingest_events(other, events)
     assert stored(other) == whole
 
@@ -352,21 +359,10 @@ def test_a_point_out_of_its_columns_range_is_the_datas_fault() -> None:
 
 def analysis(run: Run) -> dict[str, Any]:
     """The summaries and rollups ingest keeps for a run, comparable across runs."""
-    from webapp.analysis.models import MetricRollup, MetricSummary
+    from webapp.analysis.models import MetricSummary
 
-    fields = ("name", "width", "block", "count", "total", "min", "max", "first_step", "last_step", "first_time")
-    return {
-        "summaries": sorted(
-            MetricSummary.objects.filter(run=run).values_list("name", "last", "last_step", "min", "max", "count")
-        ),
-        "rollups": sorted(MetricRollup.objects.filter(run=run).values_list(*fields)),
-    }
-
-
-def a_second_run(run: Run, name: str) -> Run:
-    other = Run.objects.create(project=run.project, name=name)
-    other.start(worker_host="cpu-2")
-    return other
+    summaries = MetricSummary.objects.filter(run=run).values_list("name", "last", "last_step", "min", "max", "count")
+    return {"summaries": sorted(summaries), "rollups": rollup_rows(run)}
 
 
 def test_a_batch_prepared_before_the_lock_stores_what_the_batch_alone_stores(claimed, run, monkeypatch) -> None:
