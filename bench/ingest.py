@@ -635,7 +635,8 @@ def store_floor(run: Any, n_events: int) -> list[float]:
 
 
 STORE_PARTS = (  # (module, function, label): what a store's time is spent on, timed by wrapping them
-    ("webapp.runs.ingest", "insert_point_groups", "points' COPY"),
+    ("webapp.runs.ingest", "copy_points", "points' COPY"),  # before the row lock (PostgreSQL)
+    ("webapp.runs.ingest", "insert_point_groups", "points' COPY"),  # after it (a batch not prepared, SQLite)
     ("webapp.analysis.rollups", "record", "rollups"),
     ("webapp.analysis.summaries", "record", "summaries"),
     ("webapp.alerts.monitor", "observe", "alert rules"),

@@ -7,12 +7,15 @@ Every test here runs against a real database: SQLite by default and PostgreSQL w
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django import db
 from django.db import connection
 
+from webapp.live.consumers import STORE_THREADS, store_threads
 from webapp.runs.models import Run
 from webapp.runs.services import validate_run_config
 from webapp.teams.choices import Role
@@ -22,6 +25,31 @@ from webapp.teams.models import Membership, Project, Team
 @pytest.fixture(autouse=True)
 def _db(db: None) -> None:
     """Every web app test may use the database (each test in a rolled-back transaction)."""
+
+
+def close_store_threads_connections() -> None:
+    """Close the connection each ingest store thread holds (``consumers.store_in_thread``): one
+    call a thread, each held at a barrier until every thread has one. Under ``channels.testing``
+    ``close_old_connections`` is a no-op, so those threads keep theirs after a store, and
+    PostgreSQL refuses to drop a test database with sessions open."""
+    barrier = threading.Barrier(STORE_THREADS)
+
+    def close() -> None:
+        try:
+            barrier.wait(30)
+        finally:
+            db.connections.close_all()
+
+    for done in [store_threads.submit(close) for _ in range(STORE_THREADS)]:
+        done.result()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _store_threads_closed(django_db_setup: None) -> Iterator[None]:
+    """The store threads' connections closed before the test databases are dropped (whatever
+    test left one open: a store that ended after its test's ``connections`` fixture)."""
+    yield
+    close_store_threads_connections()
 
 
 @pytest.fixture

@@ -486,6 +486,64 @@ def test_it_stores_a_batch_once_when_two_connections_ingest_it_together(run) -> 
     assert LogLine.objects.filter(run=run).count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_asks_for_the_row_only_after_the_batch_before_it_holds_it(run) -> None:
+    """Two batches of one socket stored at once (``ingest.Turn``): the second, here started first,
+    copies its points (PostgreSQL) and waits until the first holds the run's row. Asking for the
+    row first, it would find the cursor short of its first seq and be refused with a gap."""
+    import threading
+
+    from django.db import connections
+
+    from webapp.runs.ingest import Turn, prepare, store_validated, validated
+
+    run.start(worker_host="cpu-1")
+    batches = [validated([metrics(1, 1, loss=1.0), metrics(2, 2, loss=2.0)]), validated([metrics(3, 3, loss=3.0)])]
+    first = Turn()
+    turns = [first, Turn(first)]
+    results: dict[int, Any] = {}
+
+    def store(i: int) -> None:
+        try:
+            ready = prepare(run.pk, run.attempt_number, batches[i])
+            results[i] = store_validated(run.pk, batches[i], attempt=run.attempt, prepared=ready, turn=turns[i])
+        except BaseException as exc:
+            results[i] = exc
+        finally:
+            connections.close_all()
+
+    second = threading.Thread(target=store, args=(1,))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive() and results == {}  # waiting for its turn, not answered with a gap
+    assert Run.objects.get(pk=run.pk).last_seq == 0
+    threading.Thread(target=store, args=(0,)).start()
+    second.join(30)
+    assert [getattr(results.get(i), "last_seq", results.get(i)) for i in (0, 1)] == [2, 3]
+    assert sorted(MetricPoint.objects.filter(run=run).values_list("seq", "value")) == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+def test_a_prepared_batch_the_database_refuses_part_of_stores_what_the_batch_alone_stores(
+    claimed, run, refuse_poison_in_the_database
+) -> None:
+    """A batch whose points were copied before the row lock (PostgreSQL) and which holds an event
+    the database refuses is stored again without them (``ingest._Redo``) and quarantined event by
+    event: what it stores equals the plain path's, its points once each."""
+    from webapp.runs.ingest import prepare, store_validated, validated
+
+    events = a_run_of(3)  # samples at seq 4, 6, 8
+    events[5] = samples(6, 2, "POISON", "fine")
+    reference = a_second_run(run, "reference")
+    store_events(reference.pk, events)
+    batch = validated(events)
+    store_validated(claimed.pk, batch, attempt=claimed.attempt, prepared=prepare(claimed.pk, 1, batch))
+    mine, theirs = stored(claimed), stored(reference)
+    for got in (mine, theirs):  # the database's message names the failing row (its run's id)
+        got["logs"] = [(seq, level, message.split(": new row")[0]) for seq, level, message in got["logs"]]
+    assert mine == theirs and len(mine["metrics"]) == 6 and mine["logs"][0][:2] == (6, "error")
+    assert analysis(claimed) == analysis(reference)
+
+
 # --- storable text, bounded depth, quarantine of what the database refuses (issue 13) ---------
 
 

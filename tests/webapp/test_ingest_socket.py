@@ -242,26 +242,77 @@ async def test_a_cancel_reaches_the_worker_while_its_batch_waits_for_the_databas
 
 
 @pytest.mark.postgresql
-async def test_a_worker_gone_mid_batch_leaves_that_batch_stored_and_the_next_to_its_resend(connections, ingest, run) -> None:  # noqa: F811
-    """The worker disconnects while its first batch waits on the database and its second is read
-    behind it: the first is stored (and committed) when the database answers, the second is not
-    (the worker resends it from its last ack), and the socket's end waits for the first."""
+async def test_a_worker_gone_mid_batch_leaves_the_batches_being_stored_stored_and_the_next_to_its_resend(
+    connections,  # noqa: F811
+    ingest,  # noqa: F811
+    run,
+) -> None:
+    """The worker disconnects while its first batch waits on the database, its second is stored
+    beside it (``stores_at_once``: two on PostgreSQL) and its third is read behind them: the
+    first two are stored (and committed) when the database answers, the third is not (the
+    worker resends it from its last ack), and the socket's end waits for the two."""
     comm, _ = await ingest(run.pk)
     async with _run_row_held(run.pk):
         await comm.send_json_to({"type": "events", "events": [metrics(1, 1), metrics(2, 2)]})
         assert await _ingest_waiting_on_the_row() == 1
         await comm.send_json_to({"type": "events", "events": [metrics(3, 3)]})
-        await asyncio.sleep(0.2)  # read behind the first (an assertion below holds either way)
+        await comm.send_json_to({"type": "events", "events": [metrics(4, 4)]})
+        await asyncio.sleep(0.2)  # read behind the first two (an assertion below holds either way)
         gone = asyncio.ensure_future(comm.disconnect())
         await asyncio.sleep(0.2)
-        assert not gone.done()  # the socket's end waits for the batch being stored
+        assert not gone.done()  # the socket's end waits for the batches being stored
     await asyncio.wait_for(gone, TIMEOUT)
     connections.remove(comm)
-    assert (await sync_to_async(Run.objects.get)(pk=run.pk)).last_seq == 2
+    assert (await sync_to_async(Run.objects.get)(pk=run.pk)).last_seq == 3
     retry, hello = await ingest(run.pk)
-    assert hello["last_seq"] == 2
-    await retry.send_json_to({"type": "events", "events": [metrics(3, 3)]})
-    assert (await retry.receive_json_from(timeout=TIMEOUT))["seq"] == 3
+    assert hello["last_seq"] == 3
+    await retry.send_json_to({"type": "events", "events": [metrics(4, 4)]})
+    assert (await retry.receive_json_from(timeout=TIMEOUT))["seq"] == 4
+
+
+@pytest.mark.postgresql
+async def test_a_batch_is_copied_while_the_one_before_waits_for_the_row_and_both_land_in_order(
+    connections,  # noqa: F811
+    ingest,  # noqa: F811
+    run,
+) -> None:
+    """Two batches are in the database at once: while the first waits on the run's row (held
+    here), the second has copied its points in a transaction of its own and waits for its turn
+    without asking for the row (``ingest.Turn``: only one backend waits on a lock). Released,
+    both are stored with every point, and acknowledged in order."""
+    comm, _ = await ingest(run.pk)
+    async with _run_row_held(run.pk):
+        await comm.send_json_to({"type": "events", "events": [metrics(1, 1, loss=1.0), metrics(2, 2, loss=2.0)]})
+        assert await _ingest_waiting_on_the_row() == 1
+        await comm.send_json_to({"type": "events", "events": [metrics(3, 3, loss=3.0)]})
+        assert await _backends_holding_a_lock_on(MetricPoint._meta.db_table, "RowExclusiveLock") == 2
+        assert await _ingest_waiting_on_the_row() == 1
+    assert [(await comm.receive_json_from(timeout=TIMEOUT))["seq"] for _ in range(2)] == [2, 3]
+    points = await sync_to_async(list)(MetricPoint.objects.filter(run=run).order_by("seq").values_list("seq", "value"))
+    assert points == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+async def _backends_holding_a_lock_on(table: str, mode: str) -> int:
+    """Until two backends of the test database (not this one) hold ``mode`` on ``table``: how
+    many do (what they have when 30 s pass)."""
+
+    def holding() -> int:
+        found = 0
+        for _ in range(600):
+            with db.connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                    "WHERE c.relname = %s AND l.mode = %s AND l.granted AND l.pid <> pg_backend_pid()",
+                    [table, mode],
+                )
+                found = cursor.fetchone()[0]
+            if found >= 2:
+                break
+            time.sleep(0.05)
+        db.connections.close_all()
+        return found
+
+    return await sync_to_async(holding, thread_sensitive=False)()
 
 
 async def test_a_fault_of_the_server_closes_1011_and_the_next_connection_works(

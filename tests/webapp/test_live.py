@@ -28,6 +28,7 @@ from engine.contracts import (
     CLOSE_WRONG_RUN,
 )
 from jobs.registry import registry_from_env
+from tests.webapp.conftest import close_store_threads_connections
 from tests.webapp.event_builders import a_run_of, metrics, status
 from tributary.protocol import MAX_BATCH_EVENTS, MAX_MESSAGE_BYTES
 from webapp.asgi import application
@@ -58,9 +59,11 @@ async def connections() -> AsyncIterator[list[WebsocketCommunicator]]:
     yield opened
     for comm in opened:
         await comm.disconnect()
-    # The consumers' database thread keeps its connection (CONN_MAX_AGE): close it, or
-    # PostgreSQL refuses to drop the test database at the end.
+    # The consumers' database threads keep their connections (channels.testing makes
+    # close_old_connections a no-op): close them, or PostgreSQL refuses to drop the test database
+    # at the end. Those of the ingest stores' threads too.
     await database_sync_to_async(db.connections.close_all)()
+    await sync_to_async(close_store_threads_connections, thread_sensitive=False)()
 
 
 @pytest.fixture

@@ -12,10 +12,11 @@ import pytest
 
 from engine.contracts import CLOSE_BAD_TOKEN
 from tests.webapp.event_builders import metrics, samples, status
+from tests.webapp.test_ingest import analysis
 from webapp.live.replay import stored_events
 from webapp.runs import selectors
 from webapp.runs.choices import RunStatus
-from webapp.runs.ingest import IngestClosed, store_events
+from webapp.runs.ingest import IngestClosed, prepare, store_events, store_validated, validated
 from webapp.runs.models import Checkpoint, InvalidTransition, LogLine, MetricPoint, Run, RunAttempt, Sample
 from webapp.runs.services import CannotResume, claim_run, request_cancel, resume_run
 from webapp.runs.tokens import TokenRejected, check_ingest_token, start_attempt
@@ -52,12 +53,19 @@ def attempt_of(
     return events
 
 
-def ship(run: Run, events: list[dict[str, Any]]) -> None:
-    """Ship ``events`` as the current attempt's worker does: claim, then store under its token."""
+def ship(run: Run, events: list[dict[str, Any]], *, prepared: bool = False) -> None:
+    """Ship ``events`` as the current attempt's worker does: claim, then store under its token;
+    ``prepared``: built before the row lock, as the ingest socket stores a batch (``ingest.prepare``:
+    its points copied before the lock on PostgreSQL)."""
     token = start_attempt(run.pk)
     attempt = check_ingest_token(token, run.pk)
     assert claim_run(run.pk, "worker-a", claim=f"claim-{attempt}", attempt=attempt) == (True, "")
-    store_events(run.pk, events, attempt=attempt)
+    if prepared:
+        run.refresh_from_db()
+        batch = validated(events)
+        store_validated(run.pk, batch, attempt=attempt, prepared=prepare(run.pk, run.attempt_number, batch))
+    else:
+        store_events(run.pk, events, attempt=attempt)
     run.refresh_from_db()
 
 
@@ -226,6 +234,30 @@ def test_a_rewind_supersedes_what_earlier_attempts_logged_from_its_first_step(
     ]  # fmt: skip
     assert (run.status, run.last_step) == (RunStatus.FAILED, 3)
     assert stored_seqs(run) == row_backed(first + second + third)
+
+
+def test_a_rewinding_batch_stores_the_same_prepared_or_not(
+    make_run: Callable[..., Run], valid_config: dict[str, Any], member: Any
+) -> None:
+    """The first metrics of a resumed attempt rewind the run, which rebuilds its summaries and
+    rollups from the stored points (``ingest._supersede``). A batch whose points were copied before
+    the row lock is stored again without them then (``ingest._copied_all``): else the rebuild
+    would count them, and the batch's own record again."""
+    runs = []
+    for prepared in (False, True):
+        run = make_run(config=valid_config)
+        first = attempt_of(1, range(1, 7), checkpoints=(2, 4))
+        ship(run, first, prepared=prepared)
+        resume_run(run, member, run.checkpoints.get(step=2))
+        ship(run, attempt_of(first[-1]["seq"] + 1, range(3, 5)), prepared=prepared)
+        runs.append(run)
+    plain, prepared_run = runs
+    points = [
+        sorted(MetricPoint.objects.filter(run=r).values_list("name", "step", "value", "attempt", "superseded"))
+        for r in runs
+    ]
+    assert points[0] == points[1] and len(points[0]) == 8
+    assert analysis(prepared_run) == analysis(plain) and analysis(plain)["rollups"]
 
 
 def test_a_resume_from_the_latest_checkpoint_supersedes_nothing(first_attempt, member: Any) -> None:

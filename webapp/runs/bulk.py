@@ -76,7 +76,7 @@ def insert_point_groups(groups: Sequence[PointGroup], *, data: Any = None) -> bo
         return True
     if data is None:
         data = insert_data(groups)
-    table = connection.ops.quote_name(MetricPoint._meta.db_table)
+    table = _points_table()
     if connection.vendor == "postgresql":
         return _insert_postgresql(table, data)
     with connection.cursor() as cursor:
@@ -101,10 +101,21 @@ def insert_data(groups: Sequence[PointGroup]) -> Any:
     ]
 
 
+def copy_points(data: bytes) -> None:
+    """COPY ``data`` (``copy_data``) into the points table, in a savepoint: a COPY the database
+    refuses (a point stored already: ``IntegrityError``) writes nothing and leaves the caller's
+    transaction usable. PostgreSQL only."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        _copy(cursor.cursor, _points_table(), data)  # psycopg's own cursor: Django's wrapper has no COPY
+
+
+def _points_table() -> str:
+    return connection.ops.quote_name(MetricPoint._meta.db_table)
+
+
 def _insert_postgresql(table: str, data: bytes) -> bool:
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            _copy(cursor.cursor, table, data)  # psycopg's own cursor: Django's wrapper has no COPY
+        copy_points(data)
         return True
     except IntegrityError:
         pass  # some point is stored already: keep the stored one, insert the rest

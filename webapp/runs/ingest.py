@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import DatabaseError, DataError, IntegrityError, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 from django.db.models import OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -44,7 +45,7 @@ from tributary.events import clean, clean_text
 from webapp.alerts import monitor
 from webapp.analysis import rollups, summaries
 from webapp.live import announce
-from webapp.runs.bulk import PointGroup, insert_data, insert_point_groups
+from webapp.runs.bulk import PointGroup, copy_points, insert_data, insert_point_groups
 from webapp.runs.choices import LogLevel, RunStatus
 from webapp.runs.models import Checkpoint, LogLine, MetricPoint, Run, RunAttempt, Sample
 from webapp.runs.tokens import TokenRejected, check_holder
@@ -169,12 +170,43 @@ class Prepared:
 def prepare(run_id: int, attempt_number: int, batch: list[dict[str, Any]]) -> Prepared:
     """``Prepared`` for ``batch`` (``validated``), stored under run ``run_id``'s ``RunAttempt``
     ``attempt_number``."""
-    groups = [
-        PointGroup(run_id, e["step"], e["time"], e["seq"], attempt_number, e["values"])
-        for e in batch
+    groups = _point_groups(run_id, attempt_number, batch)
+    return Prepared(groups, insert_data(groups), rollups.upsert_data(groups), summaries.fold_new(groups))
+
+
+def _point_groups(run_id: int, attempt: int, events: list[dict[str, Any]]) -> list[PointGroup]:
+    """The metrics events' points, one group an event, each under the attempt whose engine wrote
+    it (``TAIL``, else ``attempt``)."""
+    return [
+        PointGroup(run_id, e["step"], e["time"], e["seq"], e.get(TAIL, attempt), e["values"])
+        for e in events
         if e["type"] == "metrics"
     ]
-    return Prepared(groups, insert_data(groups), rollups.upsert_data(groups), summaries.fold_new(groups))
+
+
+class Turn:
+    """Where a batch of an ingest socket stands against the batch before it, when the socket
+    stores the two at once (``IngestConsumer``, on PostgreSQL).
+
+    Storing a batch is one transaction: its points' COPY, then the run's row lock, the cursor,
+    the rollups and summaries, and the commit, whose deferred foreign-key checks cost PostgreSQL
+    as much again as the COPY (issue 19). One batch at a time, a backend does all of it while
+    the other core has little to do. Two at a time, the second copies its points while the first
+    holds the row and commits, and the row lock keeps the order of their cursors: the second
+    reads the first's cursor once that commits (``SELECT ... FOR UPDATE`` waits, then reads the
+    committed row), so no gap and no duplicate, as one at a time.
+
+    What it must not do is ask for the row *before* the first: it would find the cursor short of
+    its first seq and answer with a gap. ``after`` (the batch before's ``held``) is set once that
+    batch holds the row or will not ask for it; ``held`` is this batch's."""
+
+    def __init__(self, before: Turn | None = None) -> None:
+        self.after = before.held if before is not None else None
+        self.held = threading.Event()
+
+
+class _Redo(Exception):
+    """The points copied before the row lock are not what the batch stores (``store_validated``)."""
 
 
 def store_validated(
@@ -185,15 +217,53 @@ def store_validated(
     claim: str = "",
     announce_events: bool = True,
     prepared: Prepared | None = None,
+    turn: Turn | None = None,
 ) -> Stored:
     """``store_events`` of a batch ``validated`` already: the ingest socket validates a batch (and
-    builds its ``Prepared``) while the batch before it is in the database (``IngestConsumer.receive``)."""
+    builds its ``Prepared``) while the batch before it is in the database (``IngestConsumer.receive``).
+
+    On PostgreSQL the prepared points are copied before the run's row is locked, so that a socket
+    storing two batches at once (``Turn``) has the second's COPY run beside the first's commit.
+    They are what the batch stores all but always (every metrics event new and the current
+    attempt's); when they are not, or the batch meets data the database refuses, the transaction
+    is rolled back and the batch stored again without them (``_Redo``)."""
+    try:
+        early = prepared is not None and connection.vendor == "postgresql"
+        try:
+            return _store_batch(run_id, batch, attempt, claim, announce_events, prepared, turn, early)
+        except _Redo:
+            return _store_batch(run_id, batch, attempt, claim, announce_events, prepared, turn, False)
+    finally:
+        if turn is not None:  # the batch after may ask for the row now (it was taken, or never will be)
+            turn.held.set()
+
+
+def _store_batch(
+    run_id: int,
+    batch: list[dict[str, Any]],
+    attempt: int | None,
+    claim: str,
+    announce_events: bool,
+    prepared: Prepared | None,
+    turn: Turn | None,
+    early: bool,
+) -> Stored:
+    if not early:  # nothing to do before the lock: wait outside the transaction (SQLite's is its lock)
+        _wait_for_turn(turn)
     with transaction.atomic():
+        # Before the row lock: beside the commit of the batch before (Turn). The savepoint of
+        # copy_points undoes a COPY the database refused (a point stored already), and the batch
+        # is then stored as if nothing was copied.
+        copied = early and prepared is not None and _copy_early(prepared)
+        if early:
+            _wait_for_turn(turn)
         # The row lock serialises two connections ingesting the same run (no-op on SQLite,
         # where IMMEDIATE transactions already serialise writers).
         locked = _with_engine_from(
             monitor.with_project_settings(Run.objects.select_for_update(of=("self",)))
         ).get(pk=run_id)
+        if turn is not None:
+            turn.held.set()
         if attempt is not None and attempt != locked.attempt:
             raise TokenRejected(CLOSE_BAD_TOKEN, stale_attempt_reason(run_id, attempt, locked.attempt))
         check_holder(locked, claim)
@@ -204,10 +274,12 @@ def store_validated(
         fresh = _through_final_status(_mark_tail(locked, fresh))
         public: list[dict[str, Any]] = []
         step: int | None = None
+        if copied and not _copied_all(locked, fresh, prepared):
+            raise _Redo  # the copied points are rolled back with everything else
         if fresh:
             _check_contiguous(previous, fresh)
             step_before = locked.last_step
-            fresh = _store_or_quarantine(locked, fresh, prepared)
+            fresh = _store_or_quarantine(locked, fresh, prepared, copied)
             if locked.last_step != step_before:  # the lists of runs follow the step (throttled)
                 step = locked.last_step
             public = [_public(e, locked.attempt_number) for e in fresh]
@@ -225,6 +297,37 @@ def store_validated(
     if announce_events:  # now (committed), or when a transaction of the caller commits
         announce.batch_stored_sync(stored)
     return stored
+
+
+def _wait_for_turn(turn: Turn | None) -> None:
+    if turn is not None and turn.after is not None:
+        turn.after.wait()
+
+
+def _copy_early(prepared: Prepared) -> bool:
+    """Copy the prepared points before the row lock; whether they are in the table now. Not when
+    there are none, nor when the database refuses them for their data: a point stored already
+    (a batch the run has, sent again), a value or a name it cannot hold; the batch is then
+    stored the usual way, which keeps the stored points and quarantines what cannot be stored."""
+    if not any(group.values for group in prepared.groups):
+        return False
+    try:
+        copy_points(prepared.points)
+    except DatabaseError as exc:
+        if not is_poison(exc):
+            raise
+        return False
+    return True
+
+
+def _copied_all(run: Run, fresh: list[dict[str, Any]], prepared: Prepared | None) -> bool:
+    """Whether the points copied before the row lock (``prepared``'s) are exactly the metrics
+    points ``fresh`` stores, and nothing reads them back before they are counted: the first
+    metrics of a resumed attempt rewind the run (``_supersede``), whose rebuilt summaries and
+    rollups would count them twice."""
+    if prepared is None or prepared.groups != _point_groups(run.pk, run.attempt_number, fresh):
+        return False
+    return run.attempt_number == 1 or getattr(run, "attempt_first_step", None) is not None
 
 
 def stale_attempt_reason(run_id: int, attempt: int, current: int) -> str:
@@ -548,19 +651,25 @@ def is_poison(exc: BaseException) -> bool:
 
 
 def _store_or_quarantine(
-    run: Run, fresh: list[dict[str, Any]], prepared: Prepared | None = None
+    run: Run, fresh: list[dict[str, Any]], prepared: Prepared | None = None, copied: bool = False
 ) -> list[dict[str, Any]]:
     """Store ``fresh`` in one savepoint; if the database refuses its data, store the events
     one by one, each in its own savepoint, and quarantine those it still refuses.
 
+    ``copied``: the batch's points are in the table already (``store_validated``), outside the
+    savepoint; a refused batch is then stored again without them (``_Redo``), so that a
+    quarantined event leaves no point behind.
+
     Returns the events as stored (a quarantined one replaced by its error log event)."""
     try:
         with transaction.atomic():
-            _store(run, fresh, prepared)
+            _store(run, fresh, prepared, copied)
         return fresh
     except Exception as exc:
         if not is_poison(exc) or (len(fresh) == 1 and fresh[0].get("quarantined")):
             raise
+        if copied:
+            raise _Redo from exc
         log.warning(
             "run %s: a batch of %d events was refused (%s); storing one by one", run.pk, len(fresh), exc
         )
@@ -599,11 +708,13 @@ def _mark_deleted(run_id: int, event: dict[str, Any]) -> None:
     event["deleted_seqs"] = sorted(seqs)
 
 
-def _store(run: Run, fresh: list[dict[str, Any]], prepared: Prepared | None = None) -> None:
+def _store(run: Run, fresh: list[dict[str, Any]], prepared: Prepared | None = None, copied: bool = False) -> None:
+    """Store ``fresh`` under the locked ``run``; ``copied``: its points are in the table already
+    (``prepared``'s, which ``_copied_all`` found to be the batch's)."""
     now = timezone.now()
     attempt = run.attempt_number
     run_id = run.pk
-    groups: list[PointGroup] = []  # the metrics events' points, one group an event
+    groups = _point_groups(run_id, attempt, fresh)  # the metrics events' points, one group an event
     samples: list[Sample] = []
     checkpoints: list[Checkpoint] = []
     deletions: list[dict[str, Any]] = []  # the checkpoint events whose saves deleted earlier ones
@@ -617,10 +728,8 @@ def _store(run: Run, fresh: list[dict[str, Any]], prepared: Prepared | None = No
         seq, kind = event["seq"], event["type"]
         owner = event.get(TAIL, attempt)  # the attempt whose engine wrote it
         if kind == "metrics":
-            step, values, at = event["step"], event["values"], event["time"]
-            groups.append(PointGroup(run_id, step, at, seq, owner, values))
-            summary.update(values)
-            last_step = max(last_step, step)
+            summary.update(event["values"])
+            last_step = max(last_step, event["step"])
         elif kind == "samples":
             samples.extend(
                 Sample(run=run, step=event["step"], seq=seq, index=i, attempt=owner, **item)
@@ -657,10 +766,10 @@ def _store(run: Run, fresh: list[dict[str, Any]], prepared: Prepared | None = No
 
     # What was built before the row lock, if these are its groups (equal tuples: the same events'
     # steps, times, seqs and values, and every one this attempt's).
-    ready = prepared if prepared is not None and prepared.groups == groups else None
+    ready = prepared if prepared is not None and (copied or prepared.groups == groups) else None
     # ignore_conflicts: a row already stored (the same event under an older cursor, or an
     # engine logging a metric twice in one step) keeps its first value.
-    all_stored = insert_point_groups(groups, data=ready.points if ready else None)
+    all_stored = copied or insert_point_groups(groups, data=ready.points if ready else None)
     # The runs table's last/min/max per metric (webapp.analysis); no stored summary is past the
     # run's last step before this batch, so a batch after it needs no read of theirs.
     summaries.record(groups, steps_to=steps_before, new=ready.summaries if ready else None)
