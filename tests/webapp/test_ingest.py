@@ -523,6 +523,59 @@ def test_a_batch_asks_for_the_row_only_after_the_batch_before_it_holds_it(run) -
     assert sorted(MetricPoint.objects.filter(run=run).values_list("seq", "value")) == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
 
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_whose_turn_is_long_in_coming_waits_without_holding_its_copy(run, monkeypatch) -> None:
+    """PostgreSQL cannot see a batch wait for its turn: held there with its copied points, it could
+    hold what the batch before waits for in the database. Past ``TURN_WAIT_S`` it rolls back
+    (no lock left on the points table) and waits outside any transaction; its turn come, it is
+    stored the usual way."""
+    import threading
+
+    from django.db import connections
+
+    from webapp.runs import ingest
+    from webapp.runs.ingest import Turn, prepare, store_validated, validated
+
+    monkeypatch.setattr(ingest, "TURN_WAIT_S", 0.3)
+    run.start(worker_host="cpu-1")
+    store_events(run.pk, [metrics(1, 1, loss=1.0)])
+    before = Turn()  # a batch that has not taken the row yet
+    batch = validated([metrics(2, 2, loss=2.0)])
+    results: list[Any] = []
+
+    def store() -> None:
+        try:
+            ready = prepare(run.pk, run.attempt_number, batch)
+            results.append(store_validated(run.pk, batch, attempt=run.attempt, prepared=ready, turn=Turn(before)))
+        except BaseException as exc:
+            results.append(exc)
+        finally:
+            connections.close_all()
+
+    def points_table_lockers() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                "WHERE c.relname = %s AND l.pid <> pg_backend_pid()",
+                [MetricPoint._meta.db_table],
+            )
+            return cursor.fetchone()[0]
+
+    waiting = threading.Thread(target=store)
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not points_table_lockers() and time.monotonic() < deadline:  # the copy, holding its turn
+        time.sleep(0.01)
+    assert points_table_lockers() and waiting.is_alive()
+    time.sleep(0.6)  # past TURN_WAIT_S: rolled back, still waiting for its turn
+    assert not points_table_lockers() and waiting.is_alive() and results == []
+    before.held.set()
+    waiting.join(30)
+    assert [getattr(r, "last_seq", r) for r in results] == [2]
+    assert sorted(MetricPoint.objects.filter(run=run).values_list("seq", "value")) == [(1, 1.0), (2, 2.0)]
+
+
 def test_a_prepared_batch_the_database_refuses_part_of_stores_what_the_batch_alone_stores(
     claimed, run, refuse_poison_in_the_database
 ) -> None:

@@ -206,7 +206,8 @@ class Turn:
 
 
 class _Redo(Exception):
-    """The points copied before the row lock are not what the batch stores (``store_validated``)."""
+    """Store the batch again without copying its points before the row lock (``store_validated``):
+    they are not what it stores, or it waited too long holding them (``TURN_WAIT_S``)."""
 
 
 def store_validated(
@@ -225,8 +226,9 @@ def store_validated(
     On PostgreSQL the prepared points are copied before the run's row is locked, so that a socket
     storing two batches at once (``Turn``) has the second's COPY run beside the first's commit.
     They are what the batch stores all but always (every metrics event new and the current
-    attempt's); when they are not, or the batch meets data the database refuses, the transaction
-    is rolled back and the batch stored again without them (``_Redo``)."""
+    attempt's); when they are not, when the batch meets data the database refuses, or when its
+    turn is long in coming (``TURN_WAIT_S``), the transaction is rolled back and the batch stored
+    again without them (``_Redo``)."""
     try:
         early = prepared is not None and connection.vendor == "postgresql"
         try:
@@ -255,8 +257,8 @@ def _store_batch(
         # copy_points undoes a COPY the database refused (a point stored already), and the batch
         # is then stored as if nothing was copied.
         copied = early and prepared is not None and _copy_early(prepared)
-        if early:
-            _wait_for_turn(turn)
+        if early and not _wait_for_turn(turn, TURN_WAIT_S):
+            raise _Redo  # let go of what the copy holds, and wait without it
         # The row lock serialises two connections ingesting the same run (no-op on SQLite,
         # where IMMEDIATE transactions already serialise writers).
         locked = _with_engine_from(
@@ -299,9 +301,19 @@ def _store_batch(
     return stored
 
 
-def _wait_for_turn(turn: Turn | None) -> None:
-    if turn is not None and turn.after is not None:
-        turn.after.wait()
+TURN_WAIT_S = 5.0
+"""How long a batch waits for its turn (``Turn``) inside its transaction, holding the points it
+copied. PostgreSQL cannot see that wait: should the batch before wait in the database for
+something that waits for this batch's locks (another socket of the run copying the same points),
+neither would ever move. Past this the batch rolls back, so letting go of its locks, waits
+outside any transaction, and is stored the usual way. The batch before normally has the row
+within ~0.1 s (``bench/ingest.py``: a 500-event batch's locked part and commit)."""
+
+
+def _wait_for_turn(turn: Turn | None, timeout: float | None = None) -> bool:
+    """Until the batch before holds the row (or will not ask for it); False when ``timeout``
+    seconds passed first."""
+    return turn is None or turn.after is None or turn.after.wait(timeout)
 
 
 def _copy_early(prepared: Prepared) -> bool:
