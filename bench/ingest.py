@@ -37,7 +37,7 @@ Printed: p50, p99 and max, and the same per hop, each timed from outside the pro
 - send -> group send: to when a listener the bench adds to the run's channel-layer group
   receives the ``run.events`` message (the web app received, stored, committed, announced);
 - send -> ack: to when the shipper holds the ack (what a batch waits for when the shipper's
-  window is full: ``--window`` batches out, 2 by default, 1 the stop-and-wait of before);
+  window is full: ``--window`` batches out, 3 by default, 1 the stop-and-wait of before);
 - group send -> browser: the group message to each browser socket's receive (the run consumer);
 - waited for an ack: events written while the batch before theirs was out, their batch sent
   after its ack (their share, and the wait): what the flow control costs the live path (a
@@ -545,7 +545,7 @@ def latency(
     n_subscribers: int,
     n_events: int,
     mode: str = "adaptive",
-    window: int = 2,
+    window: int = 3,
 ) -> dict[str, Any]:
     from tributary.events import EventSink
     from tributary.shipper import EventShipper
@@ -742,7 +742,7 @@ def main() -> None:
     parser.add_argument("--ab", type=int, default=0, help="rounds of --ab-modes, alternated")
     parser.add_argument("--ab-modes", default="fixed,adaptive")
     parser.add_argument(
-        "--window", type=int, default=2, help="batches the shipper keeps out (1: stop-and-wait)"
+        "--window", type=int, default=3, help="batches the shipper keeps out (1: stop-and-wait)"
     )
     args = parser.parse_args()
     if args.quick:

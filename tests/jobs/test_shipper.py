@@ -400,17 +400,17 @@ def holding_ingest(request, run_id: int, **options) -> HoldingIngest:
     return fake
 
 
-def test_two_batches_are_out_at_once_and_each_is_acked_in_order(request, tmp_path: Path) -> None:
-    fake = holding_ingest(request, RUN)
+def test_three_batches_are_out_at_once_and_each_is_acked_in_order(request, tmp_path: Path) -> None:
+    fake = holding_ingest(request, RUN, hold=3)
     path = tmp_path / "events.jsonl"
-    seqs = write_events(path, RUN, 3 * MAX_BATCH_EVENTS)
+    seqs = write_events(path, RUN, 4 * MAX_BATCH_EVENTS)
     shipper = shipper_for(fake, path).start()
     assert shipper.finish(timeout=60)
     assert shipper.error is None and shipper.acked_seq == seqs[-1] and shipper.backoff_delays == []
-    assert not fake.hold_timed_out  # the second batch came before the first's ack
+    assert not fake.hold_timed_out  # the second and third batches came before the first's ack
     assert_exactly_once(fake, path)
     (conn,) = fake.conns
-    assert [s for b in conn.batches for s in b] == seqs  # the second batch went on from the first's end
+    assert [s for b in conn.batches for s in b] == seqs  # each batch went on from the one before's end
 
 
 def test_a_stop_and_wait_shipper_sends_no_batch_before_the_ack(request, tmp_path: Path) -> None:
@@ -489,20 +489,21 @@ def test_an_ack_short_of_its_batch_resends_from_there_once_the_batches_out_are_a
     request, tmp_path: Path
 ) -> None:
     """The web app stores only part of the first batch and acks that (as after a resend request);
-    the second batch, already out, then leaves a gap, which it answers as the real web app does
-    (an ack of its cursor with ``resend``): the shipper goes on from that cursor, after both answers."""
+    the two batches already out then leave a gap, which it answers as the real web app does (an
+    ack of its cursor with ``resend``): the shipper goes on from that cursor, after all three answers."""
     cut = 123
 
     async def store_part(fake, ws, conn, messages) -> bool:
         first = json.loads(messages[0])
         first["events"] = first["events"][:cut]
         await FakeIngest._on_message(fake, ws, conn, json.dumps(first))  # acks `cut`
-        await ws.send(json.dumps({"type": "ack", "seq": fake.last_seq, "resend": True}))  # the gap
+        for _ in messages[1:]:  # the gap
+            await ws.send(json.dumps({"type": "ack", "seq": fake.last_seq, "resend": True}))
         return False
 
-    fake = holding_ingest(request, RUN, on_held=store_part)
+    fake = holding_ingest(request, RUN, hold=3, on_held=store_part)
     path = tmp_path / "events.jsonl"
-    seqs = write_events(path, RUN, 3 * MAX_BATCH_EVENTS)
+    seqs = write_events(path, RUN, 4 * MAX_BATCH_EVENTS)
     shipper = shipper_for(fake, path).start()
     assert shipper.finish(timeout=60)
     assert shipper.error is None and shipper.acked_seq == seqs[-1] and shipper.backoff_delays == []

@@ -171,7 +171,7 @@ class IngestConsumer(_JsonSocket):
 
     external = False  # set at connect: the run is an external one
     claim = ""  # an external run's: the claim its script's attach won (what it ships is checked against it)
-    READ_AHEAD = 2  # messages read and decoded while one is stored (a shipper keeps two batches out)
+    READ_AHEAD = 2  # messages read and decoded ahead of the stores (a shipper keeps three batches out)
     pump: asyncio.Task[None] | None = None  # starts storing what receive() read, in order
     answerer: asyncio.Task[None] | None = None  # answers the stores _pump started, in order
 
