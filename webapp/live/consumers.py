@@ -299,8 +299,8 @@ class IngestConsumer(_JsonSocket):
         On PostgreSQL two batches are stored at once (``stores_at_once``): the second's points are
         copied while the first holds the run's row and commits, on two connections, and the row
         lock keeps the cursor's order (``ingest.Turn``). That puts the second core to work:
-        ``bench/ingest.py``'s ratio to COPY went from 0.70 to 0.91-1.00 (median of 5 rounds,
-        issue 19). Any other message waits until every batch before it is answered, and is
+        ``bench/ingest.py``'s ratio to COPY went from 0.70 to 0.93 (1.01 with the shipper's three
+        batches out; issue 19, ``bench/README.md``). Any other message waits until every batch before it is answered, and is
         answered before the next batch starts: an ``attach`` sets the claim later batches are
         stored under."""
         while (item := await self.inbox.get()) is not None:
