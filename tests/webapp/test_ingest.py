@@ -525,6 +525,48 @@ def test_a_batch_asks_for_the_row_only_after_the_batch_before_it_holds_it(run) -
 
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
+def test_a_batch_stored_again_keeps_its_place_before_the_batch_after_it(run, monkeypatch) -> None:
+    """A batch whose early copy is not what it stores lets go of the run's row and is stored again
+    (``_Redo``: here its preparation was for another attempt). The batch after it must not take
+    the row in between: it would find the cursor short of its first seq (a gap). Each check of a
+    copy is slowed so that the batch after has asked for the row by then, if it may."""
+    import threading
+
+    from django.db import connections
+
+    from webapp.runs import ingest
+    from webapp.runs.ingest import Turn, prepare, store_validated, validated
+
+    checked = ingest._copied_all
+    monkeypatch.setattr(ingest, "_copied_all", lambda *a: time.sleep(0.3) or checked(*a))
+    run.start(worker_host="cpu-1")
+    batches = [validated([metrics(1, 1, loss=1.0)]), validated([metrics(2, 2, loss=2.0)])]
+    first = Turn()
+    turns, attempts = [first, Turn(first)], [run.attempt_number + 1, run.attempt_number]
+    results: dict[int, Any] = {}
+
+    def store(i: int) -> None:
+        try:
+            ready = prepare(run.pk, attempts[i], batches[i])
+            results[i] = store_validated(run.pk, batches[i], attempt=run.attempt, prepared=ready, turn=turns[i])
+        except BaseException as exc:
+            results[i] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=store, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [getattr(results.get(i), "last_seq", results.get(i)) for i in (0, 1)] == [1, 2]
+    assert sorted(MetricPoint.objects.filter(run=run).values_list("seq", "value", "attempt")) == [
+        (1, 1.0, 1), (2, 2.0, 1)
+    ]  # fmt: skip
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
 def test_a_batch_whose_turn_is_long_in_coming_waits_without_holding_its_copy(run, monkeypatch) -> None:
     """PostgreSQL cannot see a batch wait for its turn: held there with its copied points, it could
     hold what the batch before waits for in the database. Past ``TURN_WAIT_S`` it rolls back
@@ -540,7 +582,7 @@ def test_a_batch_whose_turn_is_long_in_coming_waits_without_holding_its_copy(run
     monkeypatch.setattr(ingest, "TURN_WAIT_S", 0.3)
     run.start(worker_host="cpu-1")
     store_events(run.pk, [metrics(1, 1, loss=1.0)])
-    before = Turn()  # a batch that has not taken the row yet
+    before = Turn()  # a batch not stored yet
     batch = validated([metrics(2, 2, loss=2.0)])
     results: list[Any] = []
 

@@ -27,7 +27,7 @@ from engine import contracts
 from tests.webapp.event_builders import T0, a_run_of, metrics, status
 from tests.webapp.test_live import TIMEOUT, closed_with, connections, ingest, watch  # noqa: F401 - fixtures
 from webapp.asgi import application
-from webapp.live.consumers import CLOSE_NOT_FOUND, CLOSE_UNAVAILABLE
+from webapp.live.consumers import CLOSE_NOT_FOUND, CLOSE_UNAVAILABLE, IngestConsumer
 from webapp.live.groups import ingest_group
 from webapp.runs.choices import RunStatus
 from webapp.runs.models import LogLine, MetricPoint, Run
@@ -226,6 +226,56 @@ async def test_batches_sent_at_once_are_answered_in_order_and_nothing_after_a_re
     code, message = await closed_with(comm)
     assert code == contracts.CLOSE_BAD_MESSAGE and message.startswith("not JSON")
     assert (await sync_to_async(Run.objects.get)(pk=run.pk)).last_seq == 6
+
+
+async def test_a_worker_gone_while_an_ack_is_sent_leaves_the_batches_after_it_answered(
+    connections,  # noqa: F811
+    ingest,  # noqa: F811
+    run,
+    monkeypatch,
+) -> None:
+    """The worker's connection drops as its first ack is sent; under uvicorn every send and close
+    raises from then on (``ClientDisconnected``, an OSError). A batch started beside it
+    (PostgreSQL: two at once) is still answered, announced to the run's watchers since it is
+    committed; one not started yet is not taken (SQLite). And the ping queued behind them does
+    not hold the socket's end forever."""
+    from webapp.live import consumers
+
+    announced: list[int] = []
+    real_announce, real_send, real_close = consumers.batch_stored, IngestConsumer.send, IngestConsumer.close
+    gone = False
+
+    async def announce(stored: Any) -> None:
+        announced.append(stored.last_seq)
+        await real_announce(stored)
+
+    async def send(self: Any, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+        nonlocal gone
+        gone = gone or '"ack"' in (text_data or "")
+        if gone:
+            raise OSError("the worker is gone")
+        await real_send(self, text_data, bytes_data, close)
+
+    async def close_socket(self: Any, code: Any = None, reason: Any = None) -> None:
+        if gone:
+            raise OSError("the worker is gone")
+        await real_close(self, code, reason)
+
+    monkeypatch.setattr(consumers, "batch_stored", announce)
+    monkeypatch.setattr(IngestConsumer, "send", send)
+    monkeypatch.setattr(IngestConsumer, "close", close_socket)
+    comm, _ = await ingest(run.pk)
+    await comm.send_json_to({"type": "events", "events": [metrics(1, 1, loss=1.0), metrics(2, 2, loss=2.0)]})
+    await comm.send_json_to({"type": "events", "events": [metrics(3, 3, loss=3.0)]})
+    await comm.send_json_to({"type": "ping"})
+    two_at_once = consumers.stores_at_once() == 2
+    deadline = time.monotonic() + TIMEOUT
+    while len(announced) < 1 + two_at_once and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await asyncio.wait_for(comm.disconnect(), TIMEOUT)
+    connections.remove(comm)
+    assert announced == ([2, 3] if two_at_once else [2])
+    assert (await sync_to_async(Run.objects.get)(pk=run.pk)).last_seq == announced[-1]
 
 
 @pytest.mark.postgresql

@@ -16,6 +16,7 @@ the missing events from the database before forwarding.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -329,13 +330,19 @@ class IngestConsumer(_JsonSocket):
                 self.started.task_done()
 
     async def _answer_safely(self, kind: str, what: Any) -> None:
+        """``_answer``, raising nothing: the loops that call it must go on, to free the batches'
+        places (``storing``) and announce what is committed, or the socket's end waits forever."""
         try:
             await self._answer(kind, what)
-        except Exception:  # a bug, not the worker's message: 1011, the worker resends later
-            log.exception("run %s: answering a %s message failed", self.run_id, kind)
+        except Exception as exc:
+            if isinstance(exc, OSError):  # the worker is gone (uvicorn's ClientDisconnected)
+                log.info("run %s: the worker left while a %s message was answered: %r", self.run_id, kind, exc)
+            else:  # a bug, not the worker's message: 1011, the worker resends later
+                log.exception("run %s: answering a %s message failed", self.run_id, kind)
             if not self.closed:
-                await self.close(code=CLOSE_UNAVAILABLE)
                 self.closed = True
+                with contextlib.suppress(OSError):  # gone: its close raises as its sends did
+                    await self.close(code=CLOSE_UNAVAILABLE)
 
     async def _answer(self, kind: str, what: Any) -> None:
         try:

@@ -198,7 +198,12 @@ class Turn:
 
     What it must not do is ask for the row *before* the first: it would find the cursor short of
     its first seq and answer with a gap. ``after`` (the batch before's ``held``) is set once that
-    batch holds the row or will not ask for it; ``held`` is this batch's."""
+    batch holds the row for good, or has ended; ``held`` is this batch's. For good: after the check
+    of its copy (``_copied_all``), since a batch that lets go of the row to be stored again
+    (``_Redo``) would find the next one in its place. (One the database refuses part of still
+    does: the next is then answered with a gap and sent again, which is rare and costs no data.)
+    Set any later, at the commit, the next batch's request for the row no longer waits in
+    PostgreSQL's queue but starts after the commit is back here: ~3% of ``bench/ingest.py``."""
 
     def __init__(self, before: Turn | None = None) -> None:
         self.after = before.held if before is not None else None
@@ -224,7 +229,8 @@ def store_validated(
     builds its ``Prepared``) while the batch before it is in the database (``IngestConsumer.receive``).
 
     On PostgreSQL the prepared points are copied before the run's row is locked, so that a socket
-    storing two batches at once (``Turn``) has the second's COPY run beside the first's commit.
+    storing two batches at once (``Turn``) has the second's COPY run beside the first's locked
+    part and commit.
     They are what the batch stores all but always (every metrics event new and the current
     attempt's); when they are not, when the batch meets data the database refuses, or when its
     turn is long in coming (``TURN_WAIT_S``), the transaction is rolled back and the batch stored
@@ -236,7 +242,7 @@ def store_validated(
         except _Redo:
             return _store_batch(run_id, batch, attempt, claim, announce_events, prepared, turn, False)
     finally:
-        if turn is not None:  # the batch after may ask for the row now (it was taken, or never will be)
+        if turn is not None:  # the batch after may ask for the row now (if it could not already)
             turn.held.set()
 
 
@@ -251,6 +257,8 @@ def _store_batch(
     early: bool,
 ) -> Stored:
     if not early:  # nothing to do before the lock: wait outside the transaction (SQLite's is its lock)
+        if turn is not None and turn.after is not None and not turn.after.is_set() and not connection.in_atomic_block:
+            connection.close()  # nor hold a connection of the pool the batch before may need
         _wait_for_turn(turn)
     with transaction.atomic():
         # Before the row lock: beside the commit of the batch before (Turn). The savepoint of
@@ -264,8 +272,6 @@ def _store_batch(
         locked = _with_engine_from(
             monitor.with_project_settings(Run.objects.select_for_update(of=("self",)))
         ).get(pk=run_id)
-        if turn is not None:
-            turn.held.set()
         if attempt is not None and attempt != locked.attempt:
             raise TokenRejected(CLOSE_BAD_TOKEN, stale_attempt_reason(run_id, attempt, locked.attempt))
         check_holder(locked, claim)
@@ -278,6 +284,8 @@ def _store_batch(
         step: int | None = None
         if copied and not _copied_all(locked, fresh, prepared):
             raise _Redo  # the copied points are rolled back with everything else
+        if turn is not None:  # the row is this batch's until it commits (Turn)
+            turn.held.set()
         if fresh:
             _check_contiguous(previous, fresh)
             step_before = locked.last_step
@@ -304,14 +312,16 @@ def _store_batch(
 TURN_WAIT_S = 5.0
 """How long a batch waits for its turn (``Turn``) inside its transaction, holding the points it
 copied. PostgreSQL cannot see that wait: should the batch before wait in the database for
-something that waits for this batch's locks (another socket of the run copying the same points),
-neither would ever move. Past this the batch rolls back, so letting go of its locks, waits
-outside any transaction, and is stored the usual way. The batch before normally has the row
-within ~0.1 s (``bench/ingest.py``: a 500-event batch's locked part and commit)."""
+something that waits for this batch's locks, neither would ever move. Another socket of the run
+copying the same points can make that happen, and so can the batch before's own COPY when an
+engine logged one metric twice at a step, once in each batch. Past this the batch rolls back, so
+letting go of its locks, waits outside any transaction, and is stored the usual way. The batch
+before normally holds the row within ~0.15 s (``bench/ingest.py``: a 500-event batch's COPY, and
+the locked part and commit of the batch before it)."""
 
 
 def _wait_for_turn(turn: Turn | None, timeout: float | None = None) -> bool:
-    """Until the batch before holds the row (or will not ask for it); False when ``timeout``
+    """Until the batch before holds the row for good (or has ended); False when ``timeout``
     seconds passed first."""
     return turn is None or turn.after is None or turn.after.wait(timeout)
 
