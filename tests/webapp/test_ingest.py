@@ -517,7 +517,9 @@ def test_a_batch_asks_for_the_row_only_after_the_batch_before_it_holds_it(run) -
     second.join(0.5)
     assert second.is_alive() and results == {}  # waiting for its turn, not answered with a gap
     assert Run.objects.get(pk=run.pk).last_seq == 0
-    threading.Thread(target=store, args=(0,)).start()
+    first_thread = threading.Thread(target=store, args=(0,))
+    first_thread.start()
+    first_thread.join(30)
     second.join(30)
     assert [getattr(results.get(i), "last_seq", results.get(i)) for i in (0, 1)] == [2, 3]
     assert sorted(MetricPoint.objects.filter(run=run).values_list("seq", "value")) == [(1, 1.0), (2, 2.0), (3, 3.0)]
@@ -569,7 +571,7 @@ def test_a_batch_stored_again_keeps_its_place_before_the_batch_after_it(run, mon
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_whose_turn_is_long_in_coming_waits_without_holding_its_copy(run, monkeypatch) -> None:
     """PostgreSQL cannot see a batch wait for its turn: held there with its copied points, it could
-    hold what the batch before waits for in the database. Past ``TURN_WAIT_S`` it rolls back
+    hold what the batch before waits for in the database. Past ``TURN_WAIT_S`` (1 s here) it rolls back
     (no lock left on the points table) and waits outside any transaction; its turn come, it is
     stored the usual way."""
     import threading
@@ -579,7 +581,7 @@ def test_a_batch_whose_turn_is_long_in_coming_waits_without_holding_its_copy(run
     from webapp.runs import ingest
     from webapp.runs.ingest import Turn, prepare, store_validated, validated
 
-    monkeypatch.setattr(ingest, "TURN_WAIT_S", 0.3)
+    monkeypatch.setattr(ingest, "TURN_WAIT_S", 1.0)
     run.start(worker_host="cpu-1")
     store_events(run.pk, [metrics(1, 1, loss=1.0)])
     before = Turn()  # a batch not stored yet
@@ -604,14 +606,17 @@ def test_a_batch_whose_turn_is_long_in_coming_waits_without_holding_its_copy(run
             )
             return cursor.fetchone()[0]
 
+    def until(held: bool) -> bool:  # polled: what the load delays is the moment, not the outcome
+        deadline = time.monotonic() + 10
+        while bool(points_table_lockers()) != held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return bool(points_table_lockers()) == held
+
     waiting = threading.Thread(target=store)
     waiting.start()
-    deadline = time.monotonic() + 10
-    while not points_table_lockers() and time.monotonic() < deadline:  # the copy, holding its turn
-        time.sleep(0.01)
-    assert points_table_lockers() and waiting.is_alive()
-    time.sleep(0.6)  # past TURN_WAIT_S: rolled back, still waiting for its turn
-    assert not points_table_lockers() and waiting.is_alive() and results == []
+    assert until(held=True) and waiting.is_alive()  # the copy, holding it while it waits for its turn
+    assert until(held=False)  # past TURN_WAIT_S: rolled back (held, it fails after 10 s)
+    assert waiting.is_alive() and results == []  # and still waiting for its turn
     before.held.set()
     waiting.join(30)
     assert [getattr(r, "last_seq", r) for r in results] == [2]

@@ -7,6 +7,7 @@ on the SQLite pass, Redis on the PostgreSQL pass)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -265,10 +266,15 @@ async def test_a_worker_gone_while_an_ack_is_sent_leaves_the_batches_after_it_an
     monkeypatch.setattr(IngestConsumer, "send", send)
     monkeypatch.setattr(IngestConsumer, "close", close_socket)
     comm, _ = await ingest(run.pk)
-    await comm.send_json_to({"type": "events", "events": [metrics(1, 1, loss=1.0), metrics(2, 2, loss=2.0)]})
-    await comm.send_json_to({"type": "events", "events": [metrics(3, 3, loss=3.0)]})
-    await comm.send_json_to({"type": "ping"})
     two_at_once = consumers.stores_at_once() == 2
+    # PostgreSQL: the run's row held until both batches are in the database, so that the second
+    # is started before the first is answered, whatever the load (SQLite: one at a time).
+    async with _run_row_held(run.pk) if two_at_once else contextlib.nullcontext():
+        await comm.send_json_to({"type": "events", "events": [metrics(1, 1, loss=1.0), metrics(2, 2, loss=2.0)]})
+        await comm.send_json_to({"type": "events", "events": [metrics(3, 3, loss=3.0)]})
+        if two_at_once:
+            assert await _backends_holding_a_lock_on(MetricPoint._meta.db_table, "RowExclusiveLock") == 2
+    await comm.send_json_to({"type": "ping"})
     deadline = time.monotonic() + TIMEOUT
     while len(announced) < 1 + two_at_once and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
