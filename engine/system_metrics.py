@@ -6,16 +6,20 @@ CPU use and resident memory with psutil; on a machine with NVIDIA GPUs, each GPU
 power and memory, and the GPU memory the tree's own processes hold (``nvidia-smi``'s
 ``--query-compute-apps``, so another job on the same GPU is not counted as ours).
 
-Each sample is tagged with the phases active when it was taken (``generate``, ``score``,
-``train``, ``weight_sync``; several at once in asynchronous mode, where generation overlaps
-training). At the end of a step the samples since the last step become that step's metrics:
+Each sample is tagged with the phases active when it was taken and those that ran since the
+previous sample (``generate``, ``score``, ``train``, ``weight_sync``; several at once in
+asynchronous mode, where generation overlaps training). A phase shorter than the interval is
+thus read at the first sample after it, not lost; and at the end of a step, a phase of that step
+no sample has seen yet gets one, taken then, so every phase a step ran has its figures whatever
+the machine's timing. At the end of a step the samples since the last step become that step's
+metrics:
 
 - ``system/cpu_percent`` (mean; 100 = one core), ``system/rss_gb`` (max), ``system/processes``;
 - per GPU ``i``: ``system/gpu{i}/util_percent`` (mean), ``system/gpu{i}/power_w`` (mean),
   ``system/gpu{i}/mem_gb`` (max, the device's use by every process);
 - ``system/gpu_mem_gb`` (max of the tree's own GPU memory, all GPUs summed);
 - by phase: ``system/rss_gb/<phase>`` and ``system/gpu_mem_gb/<phase>``, the max over the samples
-  taken while the phase was active: which phase holds the memory is what an OOM hunt needs
+  tagged with the phase: which phase holds the memory is what an OOM hunt needs
   (REFERENCES.md, "What goes wrong": out of memory with the rollout engine sharing GPUs).
 
 They travel as ordinary ``metrics`` of the step, so they are stored, charted and compared like
@@ -48,11 +52,13 @@ class ActivePhases:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: Counter[str] = Counter()
+        self._entries: Counter[str] = Counter()  # ever entered: a reader tells what ran since it last looked
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
         with self._lock:
             self._active[phase] += 1
+            self._entries[phase] += 1
         try:
             yield
         finally:
@@ -62,6 +68,18 @@ class ActivePhases:
     def now(self) -> tuple[str, ...]:
         with self._lock:
             return tuple(sorted(p for p, n in self._active.items() if n > 0))
+
+    def since(self, seen: Counter[str]) -> tuple[tuple[str, ...], Counter[str]]:
+        """(The phases active now or entered since ``seen`` was returned, the entries to pass next
+        time). Each reader keeps its own ``seen``, so two samplers never take each other's phases."""
+        with self._lock:
+            ran = {p for p, n in self._active.items() if n > 0}
+            ran |= {p for p, n in self._entries.items() if n > seen[p]}
+            return tuple(sorted(ran)), self._entries.copy()
+
+    def entered_since(self, seen: Counter[str]) -> bool:
+        with self._lock:
+            return any(n > seen[p] for p, n in self._entries.items())
 
 
 PHASE = ActivePhases()
@@ -194,15 +212,21 @@ class SystemSampler:
         self.gpus = gpus or NvidiaSmi().read
         self._samples: list[Sample] = []
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # the loop's thread and the step's end both take samples
+        _, self._seen = self.phases.since(Counter())  # phases entered before this sampler are not its own
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.tree.read()  # prime psutil's CPU counters: the first reading is a baseline
 
+    def _take(self) -> Sample:
+        with self._reading:
+            cpu, rss, pids = self.tree.read()
+            gpus, own = self.gpus(pids)
+            phases, self._seen = self.phases.since(self._seen)
+            return Sample(phases, cpu, rss, len(pids), gpus, own)
+
     def sample(self) -> Sample:
-        phases = self.phases.now()
-        cpu, rss, pids = self.tree.read()
-        gpus, own = self.gpus(pids)
-        taken = Sample(phases, cpu, rss, len(pids), gpus, own)
+        taken = self._take()
         with self._lock:
             self._samples.append(taken)
         return taken
@@ -236,13 +260,12 @@ class SystemSampler:
         return _Off()
 
     def step_metrics(self) -> dict[str, float]:
-        """The metrics of the samples since the last call (one taken now if there are none)."""
+        """The metrics of the samples since the last call, with one taken now if there are none
+        or a phase ran that no sample has seen."""
         with self._lock:
             samples, self._samples = self._samples, []
-        if not samples:
-            samples = [self.sample()]
-            with self._lock:
-                self._samples.clear()
+        if not samples or self.phases.entered_since(self._seen):
+            samples.append(self._take())
         return summarize(samples)
 
 

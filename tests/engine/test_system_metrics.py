@@ -94,6 +94,24 @@ def test_samples_are_tagged_with_the_phases_running_when_taken() -> None:
     assert phases.now() == ()
 
 
+def test_a_phase_between_two_samples_is_read_at_the_next_and_a_missed_one_at_the_steps_end() -> None:
+    phases = ActivePhases()
+    with phases("score"):
+        pass  # before the sampler: not its own
+    sampler = SystemSampler(interval=60, phases=phases, gpus=lambda pids: ([], 0.0))
+    other = SystemSampler(interval=60, phases=phases, gpus=lambda pids: ([], 0.0))
+    sampler.sample()
+    with phases("generate"):
+        pass  # shorter than the interval: no sample inside it
+    assert sampler.sample().phases == ("generate",) and sampler.sample().phases == ()
+    with phases("train"):
+        pass
+    metrics = sampler.step_metrics()  # three samples, none saw "train": a fourth is taken now
+    assert {k for k in metrics if k.startswith("system/rss_gb/")} == {"system/rss_gb/generate", "system/rss_gb/train"}
+    assert sampler.step_metrics().keys().isdisjoint({"system/rss_gb/train", "system/rss_gb/generate"})
+    assert other.sample().phases == ("generate", "train")  # each sampler keeps its own account
+
+
 def test_a_step_without_samples_takes_one_and_the_next_starts_fresh() -> None:
     sampler = SystemSampler(interval=60, gpus=lambda pids: ([], 0.0))
     first = sampler.step_metrics()
@@ -159,9 +177,9 @@ def test_a_step_summary_with_gpus_by_phase() -> None:
 
 @pytest.mark.parametrize("staleness", [0, 1], ids=["sync", "async"])
 def test_a_run_reports_its_system_metrics_by_phase(staleness: int, tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Every step's metrics carry the tree's CPU and memory; with samples every 20 ms, some are
-    taken inside the phases of 3 steps (which phase depends on the machine's timing: the exact
-    tagging is the test above, deterministic)."""
+    """Every step's metrics carry the tree's CPU and memory, and the memory of every phase the
+    step ran, whatever the machine's timing (a phase no 20 ms sample fell in is read at the step's
+    end): each step trains, and the run generates."""
     import json
 
     from engine.config import build_config
@@ -180,8 +198,10 @@ def test_a_run_reports_its_system_metrics_by_phase(staleness: int, tiny_model_di
     for values in metrics:
         assert values["system/rss_gb"] > 0.1 and values["system/processes"] >= 1
         assert values["system/cpu_percent"] >= 0
+    assert all("system/rss_gb/train" in values for values in metrics)
     seen = {name for values in metrics for name in values if name.startswith("system/rss_gb/")}
-    assert seen and seen <= {f"system/rss_gb/{p}" for p in ("generate", "score", "train", "weight_sync")}, seen
+    assert {"system/rss_gb/generate", "system/rss_gb/train"} <= seen
+    assert seen <= {f"system/rss_gb/{p}" for p in ("generate", "score", "train", "weight_sync")}, seen
 
 
 def test_zero_turns_the_sampler_off(tiny_model_dir: Path, tmp_path: Path) -> None:
