@@ -3,7 +3,9 @@ configured channel layer: in-memory on the SQLite pass, Redis on the PostgreSQL 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
@@ -265,6 +267,27 @@ async def test_a_browser_replays_after_its_cursor_then_follows_live(ingest, watc
     await comm.receive_json_from(timeout=TIMEOUT)
     got = await received_seqs(browser, len(events))
     assert got == data_seqs(events[7:20]) + [e["seq"] for e in rest]
+
+
+async def test_browsers_get_live_events_while_the_database_thread_is_busy(watch, run, member) -> None:
+    """Delivering a stored batch to a watcher needs no database: it must not queue behind
+    whatever holds the thread ``database_sync_to_async`` runs on (channels' own dispatch hops
+    there before every message; with 50 pages on a run that was 50 hops per event)."""
+    browsers = [await watch(f"/ws/runs/{run.pk}/", member) for _ in range(3)]
+    for browser in browsers:
+        await browser.receive_json_from(timeout=TIMEOUT)
+    stored = await sync_to_async(store_events)(run.pk, [metrics(1, 1, loss=0.5)], announce_events=False)
+    gate = threading.Event()
+    busy = asyncio.ensure_future(sync_to_async(gate.wait)(3 * TIMEOUT))  # the thread-sensitive thread
+    try:
+        await announce.batch_stored(stored)  # as the ingest socket does, from the event loop
+        for browser in browsers:
+            message = await browser.receive_json_from(timeout=TIMEOUT)
+            assert (message["type"], [e["seq"] for e in message["events"]]) == ("events", [1])
+        assert not busy.done()  # delivered while the thread was still held
+    finally:
+        gate.set()
+        assert await busy
 
 
 async def test_a_browser_fills_a_hole_the_channel_layer_left(watch, run, member, monkeypatch) -> None:

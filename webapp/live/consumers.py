@@ -112,6 +112,20 @@ def _bearer(scope: dict[str, Any]) -> str:
 class _JsonSocket(AsyncWebsocketConsumer):
     closed = False
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch without its hop to the database thread before every message
+        (``aclose_old_connections``). On an ingest socket that thread may be busy storing a
+        batch, and the hop would hold the next message, and a cancel for the worker, until the
+        batch is stored. On the browser sockets it is one hop per socket and event: a run watched
+        by 50 pages queued 50 of them behind each other for every event it stored (~10% of the
+        web app's CPU in ``bench/ingest.py --latency-only``). Every database call of these
+        consumers goes through ``database_sync_to_async``, which closes old connections itself,
+        before and after; none uses the async ORM."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def send_message(self, message: dict[str, Any]) -> None:
         if not self.closed:
             await self.send(text_data=json.dumps(message, separators=(",", ":")))
@@ -244,17 +258,6 @@ class IngestConsumer(_JsonSocket):
             return
         raw = text_data if text_data is not None else bytes_data or b""
         await self.inbox.put(await asyncio.to_thread(self._read, raw))
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        """Channels' dispatch without its hop to the database thread before every message
-        (``aclose_old_connections``): while ``_pump`` stores a batch that thread is busy, and the
-        hop would hold the next message, and a cancel for the worker, until the batch is stored.
-        Every database call of this consumer goes through ``database_sync_to_async``, which closes
-        old connections itself, before and after."""
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
 
     def _read(self, raw: str | bytes) -> tuple[str, Any]:
         """What ``_pump`` does with one message: ``(kind, what)``; a refusal is ("refuse", (code, why))."""
