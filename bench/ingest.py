@@ -29,7 +29,8 @@ rest (``STORE_PARTS``): what the product adds to COPY, part by part, without the
 
 Latency: ``--subscribers`` browser sockets follow one run through a share link; the engine
 side emits ``--latency-events`` metrics events at 20 Hz into the log the shipper tails. For
-every event and subscriber: receive time minus the event's own ``time`` (same clock).
+every event and subscriber: receive time minus the event's own ``time`` (same clock). After the
+throughput part it starts once what that part wrote is on disk (``settle_writes``).
 Printed: p50, p99 and max, and the same per hop, each timed from outside the product:
 
 - write -> shipper send: the event's ``time`` to the shipper's read of the batch holding it
@@ -801,6 +802,7 @@ def main() -> None:
                 f"ratio {r['ratio']:.2f}"
             )
         breakdown = store_breakdown(breakdown_run, args.steps, args.metrics)
+        settled = settle_writes()
         for mode, run in zip(rounds, latency_runs, strict=True):
             results.append(
                 latency(web_url, port, run, workdir, args.subscribers, args.latency_events, mode, args.window)
@@ -813,8 +815,28 @@ def main() -> None:
 
     report_throughput(args, throughput)
     report_breakdown(breakdown, statistics.median(r["copy_s"] for r in throughput))
+    print(
+        f"before the latency part: CHECKPOINT and sync, {settled[0]:.2f} s, with {settled[1] / 1024:.0f} MB of the "
+        "machine's page cache not yet on disk"
+    )
     for result in results:
         report_latency(args, result)
+
+
+def settle_writes() -> tuple[float, int]:
+    """Write what the throughput part left in PostgreSQL's buffers and the page cache to disk
+    (``CHECKPOINT``, then ``sync``): (seconds, kB dirty before). Without it the latency part
+    measured the kernel's writeback of the ~1.5M points just written (~160 MB dirty here): the
+    engine's log writes and the commits' WAL flushes stalled for 100-400 ms now and then (p99
+    250-340 ms against 37-45 ms after it or after 15 s of rest, or with ``--latency-only``)."""
+    import psycopg
+
+    dirty = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("Dirty:"))
+    t0 = time.perf_counter()
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+    os.sync()
+    return time.perf_counter() - t0, dirty
 
 
 def report_breakdown(spent: dict[str, float], copy_s: float) -> None:
