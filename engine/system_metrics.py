@@ -65,10 +65,6 @@ class ActivePhases:
             with self._lock:
                 self._active[phase] -= 1
 
-    def now(self) -> tuple[str, ...]:
-        with self._lock:
-            return tuple(sorted(p for p, n in self._active.items() if n > 0))
-
     def since(self, seen: Counter[str]) -> tuple[tuple[str, ...], Counter[str]]:
         """(The phases active now or entered since ``seen`` was returned, the entries to pass next
         time). Each reader keeps its own ``seen``, so two samplers never take each other's phases."""
@@ -78,8 +74,9 @@ class ActivePhases:
             return tuple(sorted(ran)), self._entries.copy()
 
     def entered_since(self, seen: Counter[str]) -> bool:
+        """Whether a phase was entered after ``since`` returned ``seen`` (the entries only grow)."""
         with self._lock:
-            return any(n > seen[p] for p, n in self._entries.items())
+            return self._entries != seen
 
 
 PHASE = ActivePhases()

@@ -44,7 +44,7 @@ def run_facts(run: Run) -> dict[str, Any]:
 def with_project_settings(runs: QuerySet[Run]) -> QuerySet[Run]:
     """``runs`` with their project's alert settings read in the same query (``alert_rules``,
     ``alert_webhook``): ingest locks the run with this, so the rules add no query per batch."""
-    settings = ProjectAlertSettings.objects.filter(project_id=OuterRef("project_id")).order_by()  # one a project
+    settings = ProjectAlertSettings.objects.filter(project_id=OuterRef("project_id"))
     return runs.annotate(
         alert_rules=Subquery(settings.values("rules")[:1]),
         alert_webhook=Subquery(settings.values("webhook_url")[:1]),
