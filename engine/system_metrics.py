@@ -208,23 +208,25 @@ class SystemSampler:
         self.tree = tree or ProcessTree()
         self.gpus = gpus or NvidiaSmi().read
         self._samples: list[Sample] = []
+        # Held while a sample is taken and filed, and while a step's end files the samples: a reading
+        # takes the phases entered since the last one, so it must land in the step that ends if it
+        # started before the end did (the thread's reading and the step's end both take samples).
         self._lock = threading.Lock()
-        self._reading = threading.Lock()  # the loop's thread and the step's end both take samples
         _, self._seen = self.phases.since(Counter())  # phases entered before this sampler are not its own
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.tree.read()  # prime psutil's CPU counters: the first reading is a baseline
 
     def _take(self) -> Sample:
-        with self._reading:
-            cpu, rss, pids = self.tree.read()
-            gpus, own = self.gpus(pids)
-            phases, self._seen = self.phases.since(self._seen)
-            return Sample(phases, cpu, rss, len(pids), gpus, own)
+        """A reading now (the caller holds ``_lock``)."""
+        cpu, rss, pids = self.tree.read()
+        gpus, own = self.gpus(pids)
+        phases, self._seen = self.phases.since(self._seen)
+        return Sample(phases, cpu, rss, len(pids), gpus, own)
 
     def sample(self) -> Sample:
-        taken = self._take()
         with self._lock:
+            taken = self._take()
             self._samples.append(taken)
         return taken
 
@@ -261,8 +263,8 @@ class SystemSampler:
         or a phase ran that no sample has seen."""
         with self._lock:
             samples, self._samples = self._samples, []
-        if not samples or self.phases.entered_since(self._seen):
-            samples.append(self._take())
+            if not samples or self.phases.entered_since(self._seen):
+                samples.append(self._take())
         return summarize(samples)
 
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -111,6 +112,39 @@ def test_a_phase_between_two_samples_is_read_at_the_next_and_a_missed_one_at_the
     assert {k for k in metrics if k.startswith("system/rss_gb/")} == {"system/rss_gb/generate", "system/rss_gb/train"}
     assert sampler.step_metrics().keys().isdisjoint({"system/rss_gb/train", "system/rss_gb/generate"})
     assert other.sample().phases == ("generate", "train")  # each sampler keeps its own account
+
+
+def test_a_sample_in_flight_when_the_step_ends_counts_for_that_step() -> None:
+    """The sampler's thread reads the tree while the loop ends a step: that reading, and the phases
+    it took, belong to the step that ends, not the next. Before, the step's end could file the
+    samples while the reading had already taken the "train" entry but not yet filed its sample: the
+    step then had no sample with "train" (an async run in CI). The end waits for the reading now.
+    The 0.2 s pause lets the end reach its wait first; under load it may not, and the test then
+    passes without testing the race (it cannot fail because of load)."""
+    phases = ActivePhases()
+    reading, release = threading.Event(), threading.Event()
+
+    def gpus(pids: set[int]) -> tuple[list, float]:
+        if threading.current_thread().name == "reader":
+            reading.set()
+            release.wait(10)
+        return [], 0.0
+
+    sampler = SystemSampler(interval=60, phases=phases, gpus=gpus)
+    with phases("train"):
+        pass
+    reader = threading.Thread(target=sampler.sample, name="reader")
+    reader.start()
+    assert reading.wait(10)
+    ended: dict[str, float] = {}
+    ender = threading.Thread(target=lambda: ended.update(sampler.step_metrics()))
+    ender.start()
+    time.sleep(0.2)
+    release.set()
+    reader.join(10)
+    ender.join(10)
+    assert "system/rss_gb/train" in ended
+    assert "system/rss_gb/train" not in sampler.step_metrics()
 
 
 def test_a_step_without_samples_takes_one_and_the_next_starts_fresh() -> None:
