@@ -213,7 +213,7 @@ def _train(
         phase(f"starting the rollout process ({len(splits.train)} training prompts loaded)")
     backend = build_rollout_backend(cfg, model, tokenizer, path, device)
     if cfg.data.scores_answers:
-        sampler.attach_scorer(AnswerScorer(backend, tokenizer, cfg.rollout.temperature))
+        sampler.attach_scorer(AnswerScorer.for_run(backend, tokenizer, cfg))
     phase(f"preparing the {cfg.trainer.backend} trainer ({len(splits.train)} training prompts loaded)")
     trainer = make_trainer(cfg.trainer.backend, model, cfg, device=device, need_reference=needs_reference(cfg))
     learner = Learner(cfg, trainer)

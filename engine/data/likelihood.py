@@ -45,6 +45,11 @@ i.e. in DAPO's later rounds of the same step, which want fewer prompts (``round_
 A lifetime of 8 versions let the best leftovers, scored near 1/2 while the policy kept improving on
 them, crowd the picks: at lr 2e-4 (seed 0) 0.855 eval accuracy at step 300 against 0.871 with 0.
 
+Where the device multiplies bfloat16 natively (CPUs with AVX512-BF16 or AMX, CUDA GPUs) the torch
+backend scores under bf16 autocast (``likelihood_precision: auto``, the default): on the starter, one
+core of an AMD EPYC with AVX512-BF16, 128 prompts took 20 ms against 43, and the scores correlated
+0.9999 with float32's (mean |d log q| 0.015, at most 0.045 in q).
+
 The pool is saved with the selection's state (uids, the versions they were scored at, their
 scores), so a resumed run draws what an uninterrupted one would.
 """
@@ -53,12 +58,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from engine.data.prompts import Prompt, encode_texts
 from engine.system_metrics import PHASE
+
+if TYPE_CHECKING:
+    from engine.config import RunConfig
 
 Q_FLOOR = 1e-12
 """Scores are clipped into [Q_FLOOR, 1 - Q_FLOOR]: a Beta needs both parameters positive (exp of a
@@ -73,7 +81,12 @@ class ContinuationScorer(Protocol):
     def policy_version(self) -> int: ...
 
     def continuation_logprobs(
-        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], temperature: float = 1.0
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        *,
+        reduced_precision: bool = False,
     ) -> list[float]: ...
 
 
@@ -98,14 +111,27 @@ class AnswerScorer:
     The reference completions are tokenised once per prompt, followed by the tokenizer's EOS token (a
     correct completion stops there, as the starter policy was taught: ``engine/models/starter.py``).
     ``temperature`` is the rollout's (1 when the rollouts are greedy: a greedy policy has no
-    distribution)."""
+    distribution). ``reduced_precision`` lets the backend score in bfloat16 where its device does that
+    natively (``data.selection_options.likelihood_precision: auto``): a score is an estimate of a
+    pass rate, and ~1e-2 in its log is far inside that estimate's own error (q correlated 0.80 with
+    measured pass rates, 0.9999 with its bf16 self)."""
 
-    def __init__(self, backend: ContinuationScorer, tokenizer: Any, temperature: float) -> None:
+    def __init__(
+        self, backend: ContinuationScorer, tokenizer: Any, temperature: float, *, reduced_precision: bool = False
+    ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.temperature = float(temperature) if temperature > 0 else 1.0
+        self.reduced_precision = bool(reduced_precision)
         self._eos = tokenizer.eos_token_id
         self._ids: dict[str, list[int] | None] = {}
+
+    @classmethod
+    def for_run(cls, backend: ContinuationScorer, tokenizer: Any, cfg: RunConfig) -> AnswerScorer:
+        """The scorer of a run: at its rollout temperature, in bfloat16 where
+        ``data.selection_options.likelihood_precision`` is ``auto`` and the device has it natively."""
+        precision = cfg.data.selection_options.likelihood_precision
+        return cls(backend, tokenizer, cfg.rollout.temperature, reduced_precision=precision == "auto")
 
     @property
     def version(self) -> int:
@@ -132,7 +158,10 @@ class AnswerScorer:
         if have:
             with PHASE("generate"):  # a forward on the rollout backend's weights, memory as generation's
                 logprobs = self.backend.continuation_logprobs(
-                    [prompts[i].token_ids for i in have], [continuations[i] for i in have], self.temperature
+                    [prompts[i].token_ids for i in have],
+                    [continuations[i] for i in have],
+                    self.temperature,
+                    reduced_precision=self.reduced_precision,
                 )
             out[have] = np.clip(np.exp(np.asarray(logprobs, dtype=np.float64)), Q_FLOOR, 1.0 - Q_FLOOR)
         return out

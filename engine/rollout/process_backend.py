@@ -240,13 +240,19 @@ class ProcessRolloutBackend:
         return self._call("generate", [list(map(int, p)) for p in prompts], params)
 
     def continuation_logprobs(
-        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], temperature: float = 1.0
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        *,
+        reduced_precision: bool = False,
     ) -> list[float]:
         return self._call(
             "continuation_logprobs",
             [list(map(int, p)) for p in prompts],
             [list(map(int, c)) for c in continuations],
             float(temperature),
+            bool(reduced_precision),
         )
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -346,9 +352,11 @@ class _Server:
         return self.backend.generate(prompts, params)
 
     def continuation_logprobs(
-        self, prompts: list[list[int]], continuations: list[list[int]], temperature: float
+        self, prompts: list[list[int]], continuations: list[list[int]], temperature: float, reduced_precision: bool
     ) -> list[float]:
-        return self.backend.continuation_logprobs(prompts, continuations, temperature)
+        return self.backend.continuation_logprobs(
+            prompts, continuations, temperature, reduced_precision=reduced_precision
+        )
 
     def attach(self, path: str, slots: list[_Slot]) -> None:
         self.weights = SharedWeights.attach(path, slots)

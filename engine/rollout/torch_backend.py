@@ -53,6 +53,7 @@ from engine.rollout.base import (
     SamplingParams,
     checked_continuations,
     checked_inputs,
+    native_bf16,
 )
 from engine.rollout.sampling import eos_token_ids, sequence_seed
 
@@ -395,19 +396,33 @@ class TorchRolloutBackend:
         self._version = int(version)
 
     def continuation_logprobs(
-        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], temperature: float = 1.0
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        *,
+        reduced_precision: bool = False,
     ) -> list[float]:
         """log P(continuation | prompt) of each pair at ``temperature`` (see the protocol): one
         teacher-forced forward per ``max_batch_size`` pairs, left-padded so that every continuation
-        ends at the last position and only its logits are computed (``logits_to_keep``)."""
+        ends at the last position and only its logits are computed (``logits_to_keep``).
+
+        With ``reduced_precision`` on a device that multiplies bfloat16 natively (``native_bf16``), the
+        forward runs under bf16 autocast. The weights stay as they are (autocast casts them per op) and
+        the log-softmax is float32. On the arithmetic starter (one core, AVX512-BF16) 128 prompts took
+        20 ms against 43, and their chances q correlated 0.9999 with float32's (mean |d log q| 0.015)."""
         self._check_open()
         pairs = checked_continuations(prompts, continuations, temperature, self.vocab_size)
         out: list[float] = []
         model = self.model
         was_training = model.training
         model.eval()
+        bf16 = reduced_precision and native_bf16(self.device) and self.model.dtype != torch.bfloat16
         try:
-            with torch.inference_mode():
+            with (
+                torch.inference_mode(),
+                torch.autocast(self.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext(),
+            ):
                 for start in range(0, len(pairs), self.max_batch_size):
                     out.extend(self._score_chunk(pairs[start : start + self.max_batch_size], temperature))
         finally:

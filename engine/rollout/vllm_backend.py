@@ -267,13 +267,19 @@ class VLLMRolloutBackend:
         return groups
 
     def continuation_logprobs(
-        self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], temperature: float = 1.0
+        self,
+        prompts: Sequence[Sequence[int]],
+        continuations: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        *,
+        reduced_precision: bool = False,
     ) -> list[float]:
         """log P(continuation | prompt) at ``temperature`` (see the protocol): each pair is one request
         of prompt + continuation as the prompt, one new token, and ``prompt_logprobs=0`` (vLLM then
         returns the log-prob of every prompt token after the first, at the logits it computed). The
         temperature is folded into the model's logits scale as for sampling (the module docstring), and
-        the engine's ``raw_logprobs`` mode makes those log_softmax(z / T)."""
+        the engine's ``raw_logprobs`` mode makes those log_softmax(z / T). ``reduced_precision`` changes
+        nothing: the engine computes in the dtype it loaded the model in (``model.dtype``) either way."""
         self._check_open()
         pairs = checked_continuations(prompts, continuations, temperature, self.vocab_size)
         if not pairs:

@@ -315,6 +315,21 @@ class RolloutBackendContract:
             assert all(abs(a - b) > 1e-3 for a, b in zip(before, after))
         assert backend.continuation_logprobs(prompts, continuations, 1.0) == pytest.approx(before, abs=1e-5)
 
+    def test_reduced_precision_scores_stay_near_the_full_ones(self, backend, tokenizer):
+        """``reduced_precision`` may score in bfloat16 (the torch backend does where the device
+        multiplies it natively). bf16 keeps 8 significant bits: a logit of magnitude ~10 is then ~0.02
+        off from the rounding of the head's output alone, and the layers below add theirs (measured
+        on this model: at most 0.027 a token). 0.1 a token is well past that and far below what
+        different weights move (the test above: more than 1e-3 a score, most by whole units). The
+        flag holds for its own call only."""
+        prompts = encode(tokenizer)
+        continuations = encode(tokenizer, ("4", " seven", " world!", " nine eight"))
+        full = backend.continuation_logprobs(prompts, continuations, 1.0)
+        reduced = backend.continuation_logprobs(prompts, continuations, 1.0, reduced_precision=True)
+        for continuation, exact, estimate in zip(continuations, full, reduced):
+            assert estimate == pytest.approx(exact, abs=0.1 * len(continuation)), continuation
+        assert backend.continuation_logprobs(prompts, continuations, 1.0) == full
+
     def test_continuation_logprobs_refuse_bad_input(self, backend, tokenizer):
         prompts = encode(tokenizer)
         with pytest.raises(ValueError, match="continuation 1 is empty"):

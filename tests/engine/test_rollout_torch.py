@@ -11,6 +11,7 @@ import torch
 from engine.models import load_model, load_tokenizer, make_model
 from engine.rollout import SamplingParams, make_rollout_backend
 from engine.rollout import torch_backend as tb
+from engine.rollout.base import native_bf16
 from engine.rollout.torch_backend import TorchRolloutBackend
 from tests.engine.rollout_contract import (
     RolloutBackendContract,
@@ -472,3 +473,20 @@ def test_bfloat16_model_and_deterministic_algorithms(tiny_model_dir, tokenizer):
     check_shapes(groups, prompts, params)
     check_finish_reasons(groups, tokenizer, params)
     assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_reduced_precision_scores_in_bfloat16_only_where_the_cpu_has_it(model, tokenizer, backend):
+    """On a CPU with native bf16 matmuls, ``reduced_precision`` scores under bf16 autocast: the same as
+    scoring under autocast by hand, and not float32's figures. Elsewhere (oneDNN would emulate bf16,
+    slower than float32) it is float32, bit for bit. The weights stay float32 either way."""
+    prompts = encode(tokenizer)
+    continuations = encode(tokenizer, ("4", " seven", " world!", " nine eight"))
+    full = backend.continuation_logprobs(prompts, continuations, 1.0)
+    reduced = backend.continuation_logprobs(prompts, continuations, 1.0, reduced_precision=True)
+    if native_bf16(torch.device("cpu")):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            by_hand = backend.continuation_logprobs(prompts, continuations, 1.0)
+        assert reduced == by_hand and reduced != full
+    else:
+        assert reduced == full
+    assert next(model.parameters()).dtype == torch.float32

@@ -43,7 +43,7 @@ class CalibratedPolicy:
         self.policy_version = 0
         self.calls: list[int] = []
 
-    def continuation_logprobs(self, prompts, continuations, temperature=1.0):
+    def continuation_logprobs(self, prompts, continuations, temperature=1.0, *, reduced_precision=False):
         self.calls.append(len(prompts))
         return [math.log(self.rate[tuple(p)]) for p in prompts]
 
@@ -113,6 +113,17 @@ def test_the_scorer_reads_the_policy_chance_of_the_reference_completion(tiny_mod
     assert math.isnan(q[1])
     assert q[0] > Q_FLOOR  # a real chance, not the floor: the check above compared the model's figures
     assert AnswerScorer(backend, tokenizer, temperature=0.0).temperature == 1.0  # greedy rollouts: T = 1
+
+    # likelihood_precision: auto (the default) asks the backend for its bf16 scores, full for its own
+    answered = [prompts[0].token_ids, prompts[2].token_ids], [[*encode("7"), eos], [*encode("42"), eos]]
+    for precision, reduced in (("auto", True), ("full", False)):
+        cfg = build_config(
+            {"rollout": {"temperature": 0.7}, "data": {"selection_options": {"likelihood_precision": precision}}}
+        )
+        expected = backend.continuation_logprobs(*answered, 0.7, reduced_precision=reduced)
+        q = AnswerScorer.for_run(backend, tokenizer, cfg)(prompts)
+        assert q[[0, 2]] == pytest.approx(np.clip(np.exp(expected), Q_FLOOR, 1 - Q_FLOOR), rel=1e-6)
+    assert build_config({}).data.selection_options.likelihood_precision == "auto"
 
 
 # ----------------------------------------------------------------------------- the pool and the targeting
