@@ -157,7 +157,7 @@ def native_bf16(device: torch.device) -> bool:
     without them oneDNN emulates bf16 matmuls, slower than float32). At the starter's shapes on an AMD
     EPYC with AVX512-BF16, one layer's ``[1280, 192] x [192, 384]`` matmul took 0.41 ms against 1.79."""
     if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     if device.type == "cpu":
         probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's, private but stable
         return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)

@@ -319,9 +319,8 @@ class RolloutBackendContract:
         """``reduced_precision`` may score in bfloat16 (the torch backend does where the device
         multiplies it natively). bf16 keeps 8 significant bits: a logit of magnitude ~10 is then ~0.02
         off from the rounding of the head's output alone, and the layers below add theirs (measured
-        on this model: at most 0.027 a token). 0.1 a token is well past that and far below what
-        different weights move (the test above: more than 1e-3 a score, most by whole units). The
-        flag holds for its own call only."""
+        on this model: at most 0.027 a token); 0.1 a token is well past that. The flag holds for its
+        own call only."""
         prompts = encode(tokenizer)
         continuations = encode(tokenizer, ("4", " seven", " world!", " nine eight"))
         full = backend.continuation_logprobs(prompts, continuations, 1.0)
