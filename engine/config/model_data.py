@@ -137,10 +137,10 @@ class SelectionOptions(Section):
     likelihood_precision: Literal["auto", "full"] = Field(
         "auto",
         title="Scoring precision (answer_likelihood)",
-        description="auto: the torch rollout backend scores in bfloat16 where the device multiplies it natively "
-        "(CPUs with AVX512-BF16 or AMX, CUDA GPUs with bf16): a third to half less time on the starter, with "
-        "log-probs ~0.015 off on average; elsewhere, and with vLLM, the rollout's own precision. full: always the rollout's own "
-        "precision, the log-probs sampling would give.",
+        description="auto: the torch rollout backend scores a float32 model in bfloat16 where the device "
+        "multiplies it natively (CPUs with AVX512-BF16 or AMX, CUDA GPUs with bf16): a third to half less time "
+        "on the starter, with log-probs ~0.015 off on average; elsewhere, and with vLLM, the rollout's own "
+        "precision. full: always the rollout's own precision, the log-probs sampling would give.",
     )
 
 

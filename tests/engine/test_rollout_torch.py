@@ -475,18 +475,25 @@ def test_bfloat16_model_and_deterministic_algorithms(tiny_model_dir, tokenizer):
     assert next(model.parameters()).dtype == torch.bfloat16
 
 
-def test_reduced_precision_scores_in_bfloat16_only_where_the_cpu_has_it(model, tokenizer, backend):
-    """On a CPU with native bf16 matmuls, ``reduced_precision`` scores under bf16 autocast: the same as
-    scoring under autocast by hand, and not float32's figures. Elsewhere (oneDNN would emulate bf16,
-    slower than float32) it is float32, bit for bit. The weights stay float32 either way."""
+def test_reduced_precision_scores_under_bf16_autocast_and_only_on_request(model, tokenizer, backend):
+    """With ``scores_in_bf16`` (forced on, so that any CPU runs the path; emulated bf16 is only slower),
+    ``reduced_precision`` scores equal a forward under bf16 autocast done by hand, differ from float32's,
+    and the next call without the flag is float32 again. The weights stay float32."""
     prompts = encode(tokenizer)
     continuations = encode(tokenizer, ("4", " seven", " world!", " nine eight"))
     full = backend.continuation_logprobs(prompts, continuations, 1.0)
+    backend.scores_in_bf16 = True
     reduced = backend.continuation_logprobs(prompts, continuations, 1.0, reduced_precision=True)
-    if native_bf16(torch.device("cpu")):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            by_hand = backend.continuation_logprobs(prompts, continuations, 1.0)
-        assert reduced == by_hand and reduced != full
-    else:
-        assert reduced == full
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        by_hand = backend.continuation_logprobs(prompts, continuations, 1.0)
+    assert reduced == by_hand and reduced != full
+    assert backend.continuation_logprobs(prompts, continuations, 1.0) == full
+    backend.scores_in_bf16 = False
+    assert backend.continuation_logprobs(prompts, continuations, 1.0, reduced_precision=True) == full
     assert next(model.parameters()).dtype == torch.float32
+
+
+def test_bf16_scoring_is_chosen_for_float32_models_on_devices_with_native_bf16(tiny_model_dir, tokenizer, backend):
+    assert backend.scores_in_bf16 == native_bf16(torch.device("cpu"))
+    bf16_model = load_model(tiny_model_dir, dtype=torch.bfloat16)
+    assert not TorchRolloutBackend(bf16_model, tokenizer, device="cpu").scores_in_bf16  # nothing to gain

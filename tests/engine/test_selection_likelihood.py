@@ -115,6 +115,8 @@ def test_the_scorer_reads_the_policy_chance_of_the_reference_completion(tiny_mod
     assert AnswerScorer(backend, tokenizer, temperature=0.0).temperature == 1.0  # greedy rollouts: T = 1
 
     # likelihood_precision: auto (the default) asks the backend for its bf16 scores, full for its own
+    # (bf16 forced on, so that the two differ on any CPU)
+    backend.scores_in_bf16 = True
     answered = [prompts[0].token_ids, prompts[2].token_ids], [[*encode("7"), eos], [*encode("42"), eos]]
     for precision, reduced in (("auto", True), ("full", False)):
         cfg = build_config(
@@ -123,6 +125,9 @@ def test_the_scorer_reads_the_policy_chance_of_the_reference_completion(tiny_mod
         expected = backend.continuation_logprobs(*answered, 0.7, reduced_precision=reduced)
         q = AnswerScorer.for_run(backend, tokenizer, cfg)(prompts)
         assert q[[0, 2]] == pytest.approx(np.clip(np.exp(expected), Q_FLOOR, 1 - Q_FLOOR), rel=1e-6)
+    assert backend.continuation_logprobs(*answered, 0.7, reduced_precision=True) != backend.continuation_logprobs(
+        *answered, 0.7
+    )
     assert build_config({}).data.selection_options.likelihood_precision == "auto"
 
 
