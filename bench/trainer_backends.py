@@ -21,6 +21,7 @@ sharding and the gradient reduction cost, not a speedup: on GPUs each rank has a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -92,9 +93,8 @@ def worker(model_dir: Path, backend: str, ranks: int, steps: int, out: Path) -> 
     model = load_model(model_dir)
     vocab = model.config.vocab_size
     if backend == "deepspeed":
-        from engine.trainer.deepspeed_backend import DeepSpeedTrainer, init_distributed
+        from engine.trainer.deepspeed_backend import DeepSpeedTrainer
 
-        init_distributed("cpu")
         trainer = DeepSpeedTrainer(model, cfg, device=torch.device("cpu"), need_reference=True)
         if trainer.rank != 0:
             trainer.serve()
@@ -168,6 +168,14 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), Path(sys.argv[6]))
+        backend = sys.argv[3]
+        if backend == "deepspeed":
+            from engine.trainer.deepspeed_backend import distributed
+
+            joined = distributed("cpu")
+        else:
+            joined = contextlib.nullcontext()
+        with joined:
+            worker(Path(sys.argv[2]), backend, int(sys.argv[4]), int(sys.argv[5]), Path(sys.argv[6]))
     else:
         main()

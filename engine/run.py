@@ -118,18 +118,15 @@ def execute(
     if cfg.trainer.backend != "deepspeed":
         return _execute(cfg, _open_run(cfg, events, resume, run_id, start_seq), show_progress)
     from engine.ranks import rank_info
-    from engine.trainer.deepspeed_backend import init_distributed
+    from engine.trainer.deepspeed_backend import distributed
 
     rank, world, _ = rank_info()
     opened = _open_run(cfg, events, resume, run_id, start_seq) if rank == 0 else None
     if opened is not None and world > 1:
         # Joining can take as long as the slowest rank's start: say so before waiting for them.
         opened.sink.status("starting", f"starting {world} ranks: waiting for each to join")
-    init_distributed(pick_device(cfg.trainer.device).type)  # NCCL/gloo; each rank's GPU
-    try:
+    with distributed(pick_device(cfg.trainer.device).type):  # NCCL/gloo; each rank's GPU
         return _execute(cfg, opened, show_progress) if opened is not None else _follow(cfg)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 class _Opened:

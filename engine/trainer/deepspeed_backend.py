@@ -33,8 +33,8 @@ import os
 import shutil
 import signal
 from collections import defaultdict
-from collections.abc import Mapping
-from contextlib import nullcontext
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,18 @@ def init_distributed(device_kind: str) -> None:
         deepspeed.init_distributed(
             dist_backend="gloo" if device_kind == "cpu" else "nccl", auto_mpi_discovery=False, verbose=False
         )
+
+
+@contextmanager
+def distributed(device_kind: str) -> Iterator[None]:
+    """:func:`init_distributed`, and leave the process group on the way out, whatever happened: left
+    to the interpreter's exit, gloo's threads can abort a rank ("terminate called without an active
+    exception", exit code 134) after all its work is done."""
+    init_distributed(device_kind)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def deepspeed_config(cfg: RunConfig, hidden_size: int) -> dict[str, Any]:
