@@ -68,6 +68,11 @@ class RunConfig(Section):
                 "algorithm.filter_groups.round_size: 'deficit' sizes whole-group rounds; partial rollouts "
                 "top up their pool of groups instead: set round_size 'full' or async.partial_rollouts false"
             )
+        if self.trainer.mixed_precision == "bf16" and self.model.dtype != "float32":
+            raise ValueError(
+                f"trainer.mixed_precision: 'bf16' keeps float32 weights and computes in bfloat16; model.dtype is "
+                f"'{self.model.dtype}' already, so set mixed_precision 'no' or model.dtype 'float32'"
+            )
         if self.replay.enabled:
             self._check_replay()
         check_stages(self)  # data.stages, replay.previous_stages (engine/config/stages.py)

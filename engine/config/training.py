@@ -78,6 +78,14 @@ class TrainerConfig(Section):
         description="Prompts per optimiser step; None = the whole batch (one update per epoch).",
     )
     ppo_epochs: int = Field(1, ge=1, le=64, title="PPO epochs", description="Passes over each rollout batch.")
+    mixed_precision: Literal["no", "bf16"] = Field(
+        "no",
+        title="Mixed precision",
+        description="'bf16': the update's forward and backward run their matmuls in bfloat16 (torch.autocast), while "
+        "the weights, gradients, optimizer state, log-probs and loss stay float32 (HF Trainer's bf16=True). Faster "
+        "where the device multiplies bf16 natively (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX: about half "
+        "the update's time on the starter), slower where it is emulated. Needs model.dtype float32.",
+    )
     micro_batch_size: int = Field(
         128,
         ge=1,

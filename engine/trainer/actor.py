@@ -6,6 +6,7 @@ optimiser; what a micro-batch computes is the same and lives here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,12 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import DynamicCache
 
 from engine.algorithms import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from engine.algorithms.policy_losses import ROW_MEAN_LOSSES
 from engine.batch import RolloutBatch
-from engine.config import AlgorithmConfig
+from engine.config import AlgorithmConfig, RunConfig
 from engine.models.loading import sliding_window
 from kernels import logprobs_from_hidden
 
@@ -29,6 +31,36 @@ class LogprobSettings:
     impl: str = "auto"  # kernels.resolve_impl: Triton on CUDA tensors, else the torch fused kernel
     chunk_size: int = 1024
     shared_prompt: bool = True
+    bf16_autocast: bool = False  # trainer.mixed_precision 'bf16': the trunk under autocast, the kernel float32
+
+
+def logprob_settings(cfg: RunConfig, *, shared_prompt: bool = True) -> LogprobSettings:
+    """The run's :class:`LogprobSettings`, as every trainer backend computes log-probs with them;
+    ``shared_prompt=False`` lets a backend refuse the shared-prompt forward whatever the config says."""
+    t = cfg.trainer
+    return LogprobSettings(
+        temperature=cfg.rollout.temperature or 1.0,
+        impl=t.logprob_impl,
+        chunk_size=t.logprob_chunk_size,
+        shared_prompt=t.shared_prompt and shared_prompt,
+        bf16_autocast=t.mixed_precision == "bf16",
+    )
+
+
+def trunk_precision(settings: LogprobSettings, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the decoder trunk runs in: bf16 autocast for ``trainer.mixed_precision: bf16``
+    (mixed-precision training as in Micikevicius et al. 2018, "Mixed Precision Training",
+    arXiv:1710.03740, with bfloat16's float32 range, so no loss scaling: the matmuls of the forward
+    and, through autograd, of the backward in bfloat16, the weights and their gradients float32), else
+    nothing. The LM head and the log-softmax stay outside it, in float32: the policy ratio and the
+    clipping compare log-probs to ~1e-3, which bf16's 8-bit mantissa would blur."""
+    if not settings.bf16_autocast:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
+    if device.type == "cpu":
+        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+    return stack
 
 
 def split_model(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -53,14 +85,15 @@ def response_logprobs(
     """
     trunk, head = split_model(model)
     pred_hidden = None
-    if settings.shared_prompt:
-        pred_hidden = _packed_hidden(trunk, batch)
+    with trunk_precision(settings, batch.input_ids.device):
+        if settings.shared_prompt:
+            pred_hidden = _packed_hidden(trunk, batch)
+            if pred_hidden is None:
+                pred_hidden = _shared_prompt_hidden(trunk, batch)
         if pred_hidden is None:
-            pred_hidden = _shared_prompt_hidden(trunk, batch)
-    if pred_hidden is None:
-        pred_hidden = _full_hidden(trunk, batch)
+            pred_hidden = _full_hidden(trunk, batch)
     mask = batch.response_mask.bool()
-    sel_hidden = pred_hidden[mask]  # [N, H]
+    sel_hidden = pred_hidden[mask].to(head.weight.dtype)  # [N, H]; float32 after a bf16 autocast trunk
     labels = batch.response_ids[mask]
     lp, ent = logprobs_from_hidden(
         sel_hidden.unsqueeze(0),

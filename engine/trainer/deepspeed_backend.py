@@ -45,9 +45,9 @@ from torch import nn
 from engine.batch import RolloutBatch
 from engine.config import RunConfig
 from engine.trainer.actor import (
-    LogprobSettings,
     actor_loss,
     add_micro_batch_metrics,
+    logprob_settings,
     mini_batches,
     response_logprobs,
     skips_zero_advantage_rows,
@@ -200,22 +200,16 @@ class DeepSpeedTrainer:
             self.wrapper.register_head()
         optimizer, factor = optimizer_and_schedule(model, cfg)
         self.minis_per_epoch = minis_per_epoch(cfg)
-        t = cfg.trainer
         self.engine, _, _, _ = deepspeed.initialize(
             model=self.wrapper,
             optimizer=optimizer,
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor),
             config=deepspeed_config(cfg, model.config.hidden_size),
         )
-        self.settings = LogprobSettings(
-            temperature=cfg.rollout.temperature or 1.0,
-            impl=t.logprob_impl,
-            chunk_size=t.logprob_chunk_size,
-            # ZeRO-3 gathers each submodule's parameters collectively, so every rank must call the
-            # trunk the same number of times; the shared-prompt forward calls it twice or once
-            # depending on whether the rank's micro-batch shares a prompt (ranks deadlock otherwise).
-            shared_prompt=t.shared_prompt and t.zero_stage != 3,
-        )
+        # ZeRO-3 gathers each submodule's parameters collectively, so every rank must call the
+        # trunk the same number of times; the shared-prompt forward calls it twice or once
+        # depending on whether the rank's micro-batch shares a prompt (ranks deadlock otherwise).
+        self.settings = logprob_settings(cfg, shared_prompt=cfg.trainer.zero_stage != 3)
         self.pl_config = policy_loss_config(cfg)
         self._version = 0
         self.skipped_updates = 0

@@ -17,9 +17,9 @@ from engine.algorithms import PolicyLossConfig
 from engine.batch import RolloutBatch
 from engine.config import RunConfig
 from engine.trainer.actor import (
-    LogprobSettings,
     actor_loss,
     add_micro_batch_metrics,
+    logprob_settings,
     mini_batches,
     response_logprobs,
     skips_zero_advantage_rows,
@@ -72,13 +72,7 @@ class TorchTrainer:
         self.optimizer, factor = optimizer_and_schedule(model, cfg, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.minis_per_epoch = minis_per_epoch(cfg)
-        t = cfg.trainer
-        self.settings = LogprobSettings(
-            temperature=cfg.rollout.temperature or 1.0,
-            impl=t.logprob_impl,
-            chunk_size=t.logprob_chunk_size,
-            shared_prompt=t.shared_prompt,
-        )
+        self.settings = logprob_settings(cfg)
         self.pl_config = policy_loss_config(cfg)
         self._version = 0
         self.skipped_updates = 0

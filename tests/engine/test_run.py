@@ -195,9 +195,13 @@ def test_cli_errors_are_one_line_without_traceback(args: list[str], needle: str,
     assert needle in out.stderr and "Traceback" not in out.stderr
 
 
-def test_bfloat16_run_trains_with_finite_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["bf16 weights", "bf16 autocast"])
+def test_bfloat16_run_trains_with_finite_metrics(precision: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     data = small_config(tiny_model_dir, tmp_path, total_steps=2)
-    data["model"]["dtype"] = "bfloat16"
+    if precision == "bf16 weights":
+        data["model"]["dtype"] = "bfloat16"
+    else:  # float32 weights, the update's trunk under bf16 autocast
+        data["trainer"]["mixed_precision"] = "bf16"
     data["trainer"]["eval_every"] = 0
     assert execute(build_config(data)) == EXIT_SUCCEEDED
     metrics = metrics_by_step(read_events(tmp_path / "events.jsonl"))
