@@ -130,6 +130,9 @@ def test_histogram_token_view_and_side_by_side(
         prompt = page.inner_text("#rollouts .rollout-group .prompt-text")
         page.locator("#rollouts .rollout-group [data-compare]").first.click()
         page.wait_for_selector("#compare-with")
+        # htmx binds the swapped form's hx-trigger in its settle phase, 20 ms after the swap (the
+        # settling class comes off after that): a change before then would go unheard.
+        page.wait_for_selector("#rollouts.htmx-settling", state="detached")
         page.select_option("#compare-with", str(run_b))
         page.wait_for_selector("#side-by-side .compare-side >> nth=1")
         sides = page.locator("#side-by-side .compare-side")
