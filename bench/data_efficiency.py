@@ -31,7 +31,7 @@ its resolution is ``--eval-every`` steps.
 
 "Uniform's final accuracy" is a fair bar only where uniform has stopped climbing. At lr 2e-4 (the
 rate that meets the learning ceiling) uniform gains ~0.04 per 100 steps at step 600 and reaches its
-plateau (0.977-0.983, DAPO's generation rounds at their cap of 8) by ~1,000 steps, so the selection
+plateau (0.96-0.99 over four seeds, DAPO's generation rounds at their cap of 8) by ~1,000 steps, so the selection
 target is read at ``--steps 1200`` (bench/README.md has both horizons).
 
     python bench/data_efficiency.py            # the size (600 steps per arm, eval 512 prompts)
