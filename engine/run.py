@@ -38,6 +38,7 @@ from engine.pipeline.stages import StageEvaluator, StageReference
 from engine.pipeline.token_view import token_texts
 from engine.rewards import RewardManager
 from engine.rollout import RolloutBackend, make_rollout_backend
+from engine.rollout.base import native_bf16
 from engine.rollout.process_backend import BackendSpec, ProcessRolloutBackend, visible_device_env
 from engine.trainer import make_trainer
 from tributary.events import EventSink
@@ -65,6 +66,23 @@ def train_device(cfg: RunConfig) -> torch.device:
     if device.type == "cuda" and cfg.trainer.backend == "deepspeed":
         return torch.device("cuda", torch.cuda.current_device())  # set by init_distributed
     return device
+
+
+def emulated_bf16(cfg: RunConfig, device: torch.device) -> str | None:
+    """A warning when the run trains in bfloat16 (``model.dtype`` or ``trainer.mixed_precision``) on a device
+    that only emulates it (:func:`native_bf16`): there it is slower than float32, not faster."""
+    if cfg.model.dtype == "bfloat16":
+        field, fix = "model.dtype: bfloat16", "model.dtype float32"
+    elif cfg.trainer.mixed_precision == "bf16":
+        field, fix = "trainer.mixed_precision: bf16", "trainer.mixed_precision no"
+    else:
+        return None
+    if native_bf16(device):
+        return None
+    return (
+        f"{field} computes in bfloat16, which this {device.type} device only emulates (no AVX512-BF16 or AMX "
+        f"on a CPU, no bf16 on a GPU before Ampere): the update is slower than in float32; set {fix}"
+    )
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -191,6 +209,8 @@ def _train(
     phase = Phases(sink)
     seed_everything(cfg.trainer.seed, cfg.trainer.deterministic)
     device = train_device(cfg)
+    if slow := emulated_bf16(cfg, device):
+        sink.log("warning", slow)
     path = _model_path(cfg, phase)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     phase(f"loading the model ({model_files(path)}) on {device}")

@@ -47,7 +47,8 @@ def logprob_settings(cfg: RunConfig, *, shared_prompt: bool = True) -> LogprobSe
     )
 
 
-def trunk_precision(settings: LogprobSettings, device: torch.device) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def trunk_precision(settings: LogprobSettings, device: torch.device) -> Iterator[None]:
     """The context the decoder trunk runs in: bf16 autocast for ``trainer.mixed_precision: bf16``
     (mixed-precision training as in Micikevicius et al. 2018, "Mixed Precision Training",
     arXiv:1710.03740, with bfloat16's float32 range, so no loss scaling: the matmuls of the forward
@@ -55,12 +56,11 @@ def trunk_precision(settings: LogprobSettings, device: torch.device) -> contextl
     nothing. The LM head and the log-softmax stay outside it, in float32: the policy ratio and the
     clipping compare log-probs to ~1e-3, which bf16's 8-bit mantissa would blur."""
     if not settings.bf16_autocast:
-        return contextlib.nullcontext()
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.autocast(device.type, dtype=torch.bfloat16))
-    if device.type == "cpu":
-        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-    return stack
+        yield
+        return
+    math_attention = sdpa_kernel(SDPBackend.MATH) if device.type == "cpu" else contextlib.nullcontext()
+    with torch.autocast(device.type, dtype=torch.bfloat16), math_attention:
+        yield
 
 
 def split_model(model: nn.Module) -> tuple[nn.Module, nn.Module]:

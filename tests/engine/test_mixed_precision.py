@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import engine.run
 from engine.config import build_config
 from engine.models import load_model
 from engine.trainer import TorchTrainer, actor
@@ -135,6 +136,17 @@ def test_every_backend_reads_the_option_from_the_config() -> None:
         temperature=cfg.rollout.temperature, chunk_size=None, shared_prompt=False, bf16_autocast=True
     )
     assert not logprob_settings(build_config({})).bf16_autocast
+
+
+def test_a_run_in_bf16_warns_only_where_the_device_emulates_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    mixed = build_config({"trainer": {"mixed_precision": "bf16"}})
+    for native in (True, False):
+        monkeypatch.setattr(engine.run, "native_bf16", lambda device, native=native: native)
+        assert engine.run.emulated_bf16(build_config({}), cpu) is None  # float32: nothing to say
+        warning = engine.run.emulated_bf16(mixed, cpu)
+        assert (warning is None) is native
+    assert "trainer.mixed_precision: bf16" in warning and "set trainer.mixed_precision no" in warning
 
 
 def test_bf16_weights_refuse_mixed_precision() -> None:
